@@ -1,0 +1,153 @@
+//! Settings of the ingest role (`[ingest]` in the config file).
+
+use serde::Deserialize;
+use std::time::Duration;
+
+/// Ingest settings as read from the file, with defaults for everything.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct IngestConfig {
+    /// Shared-subscription group of the point stream (`$share/<group>/couriers/+/loc`).
+    pub group: String,
+    /// Group of the status stream. A group of its own: two filters under one group name lose
+    /// half the messages on rumqttd.
+    pub status_group: String,
+    /// Ingest workers in this process, each its own MQTT client in the group.
+    pub workers: usize,
+    /// Messages waiting between the MQTT receive loop and the Redis writer. When full, new
+    /// messages are dropped and counted (`ingest_queue_dropped_total`), never awaited in the
+    /// receive loop. About 200 B each.
+    pub queue_capacity: usize,
+    /// Most points per batch script call.
+    pub batch_max: usize,
+    /// Batch script calls in flight per worker.
+    pub max_in_flight: usize,
+    /// A courier silent this long leaves `couriers:live` (humantime: `60s`, `2m`).
+    #[serde(with = "courier_wire::duration")]
+    pub evict_after: Duration,
+    /// How often the eviction sweep runs.
+    #[serde(with = "courier_wire::duration")]
+    pub sweep_every: Duration,
+    /// A lower seq with a newer phone time is taken as an app reinstall (seq restarted) once no
+    /// point of that courier was accepted for this long.
+    #[serde(with = "courier_wire::duration")]
+    pub seq_reset_after: Duration,
+    /// Seq state of a courier silent this long is forgotten (Redis memory bound).
+    #[serde(with = "courier_wire::duration")]
+    pub seq_forget_after: Duration,
+    /// Largest accepted payload, bytes.
+    pub max_payload_bytes: usize,
+    /// How far the phone clock may run ahead of the server's.
+    #[serde(with = "courier_wire::duration")]
+    pub max_future_skew: Duration,
+    /// How long a batch is retried while Redis is unreachable before its points are counted
+    /// as `result="error"`.
+    #[serde(with = "courier_wire::duration")]
+    pub redis_retry_for: Duration,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        IngestConfig {
+            group: "ingest".into(),
+            status_group: "ingest-status".into(),
+            workers: 1,
+            queue_capacity: 65_536,
+            batch_max: 512,
+            max_in_flight: 4,
+            evict_after: Duration::from_secs(60),
+            sweep_every: Duration::from_secs(5),
+            seq_reset_after: Duration::from_secs(30),
+            seq_forget_after: Duration::from_secs(24 * 3600),
+            max_payload_bytes: 512,
+            max_future_skew: Duration::from_secs(300),
+            redis_retry_for: Duration::from_secs(5),
+        }
+    }
+}
+
+impl IngestConfig {
+    /// Checks the settings once at start-up; the error names the setting.
+    pub fn validate(&self) -> Result<(), String> {
+        let group_ok = |g: &str| courier_wire::topic::valid_id(g) && !g.contains(':');
+        if !group_ok(&self.group) {
+            return Err(format!("ingest.group {:?} is not a valid group name", self.group));
+        }
+        if !group_ok(&self.status_group) || self.status_group == self.group {
+            return Err(format!(
+                "ingest.status_group {:?} must be a valid group name different from ingest.group",
+                self.status_group
+            ));
+        }
+        let positive = [
+            ("ingest.workers", self.workers),
+            ("ingest.queue_capacity", self.queue_capacity),
+            ("ingest.batch_max", self.batch_max),
+            ("ingest.max_in_flight", self.max_in_flight),
+            ("ingest.max_payload_bytes", self.max_payload_bytes),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        // Lua's unpack() is limited to about 8000 values; a batch puts 3 per point into GEOADD.
+        if self.batch_max > 2000 {
+            return Err("ingest.batch_max must be at most 2000".into());
+        }
+        if self.evict_after < Duration::from_secs(1) || self.sweep_every.is_zero() {
+            return Err("ingest.evict_after must be at least 1s and ingest.sweep_every above 0".into());
+        }
+        if self.seq_forget_after < self.evict_after {
+            return Err("ingest.seq_forget_after must be at least ingest.evict_after".into());
+        }
+        Ok(())
+    }
+
+    /// The point limits derived from these settings.
+    pub fn validation(&self) -> courier_wire::Validation {
+        courier_wire::Validation {
+            max_payload_bytes: self.max_payload_bytes,
+            max_future_skew_secs: self.max_future_skew.as_secs_f64(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        IngestConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn durations_parse_from_humantime() {
+        let c: IngestConfig = toml_like("evict_after = \"2m\"");
+        assert_eq!(c.evict_after, Duration::from_secs(120));
+    }
+
+    #[test]
+    fn bad_settings_name_themselves() {
+        let c = IngestConfig {
+            batch_max: 0,
+            ..Default::default()
+        };
+        assert!(c.validate().unwrap_err().contains("ingest.batch_max"));
+        let c = IngestConfig {
+            status_group: "ingest".into(),
+            ..Default::default()
+        };
+        assert!(c.validate().unwrap_err().contains("ingest.status_group"));
+    }
+
+    fn toml_like(line: &str) -> IngestConfig {
+        // A one-line `key = "value"` parser is enough here and keeps toml out of this crate.
+        let (k, v) = line.split_once(" = ").unwrap();
+        let v = v.trim_matches('"');
+        let map = std::collections::HashMap::from([(k.to_string(), v.to_string())]);
+        let de = serde::de::value::MapDeserializer::<_, serde::de::value::Error>::new(map.into_iter());
+        IngestConfig::deserialize(de).unwrap()
+    }
+}

@@ -1,0 +1,129 @@
+//! The Redis edge of ingest: the batch script (EVALSHA, loading it on NOSCRIPT), eviction and
+//! seq-state upkeep. One `ConnectionManager` is cloned into every call: it multiplexes and
+//! reconnects by itself.
+
+use crate::error::IngestError;
+use courier_wire::Keys;
+use redis::aio::ConnectionManager;
+use redis::{Cmd, Script, Value};
+use std::time::Duration;
+
+const BATCH_LUA: &str = include_str!("script.lua");
+const EVICT_LUA: &str = include_str!("evict.lua");
+const FORGET_LUA: &str = include_str!("forget.lua");
+
+/// Connection plus the three scripts of ingest.
+#[derive(Clone)]
+pub struct RedisSink {
+    conn: ConnectionManager,
+    keys: Keys,
+    batch: Lua,
+    evict: Lua,
+    forget: Lua,
+}
+
+/// A script and its source (for SCRIPT LOAD).
+#[derive(Clone)]
+struct Lua {
+    script: Script,
+    code: &'static str,
+}
+
+impl Lua {
+    fn new(code: &'static str) -> Self {
+        Lua {
+            script: Script::new(code),
+            code,
+        }
+    }
+}
+
+impl RedisSink {
+    /// Connects (failing fast when Redis is unreachable at start-up) and loads the scripts.
+    pub async fn connect(url: &str, keys: Keys) -> Result<Self, IngestError> {
+        let client = redis::Client::open(url)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(2)))
+            .set_number_of_retries(2);
+        let conn = ConnectionManager::new_with_config(client, config).await?;
+        let sink = RedisSink {
+            conn,
+            keys,
+            batch: Lua::new(BATCH_LUA),
+            evict: Lua::new(EVICT_LUA),
+            forget: Lua::new(FORGET_LUA),
+        };
+        for s in [&sink.batch, &sink.evict, &sink.forget] {
+            sink.load(s).await?;
+        }
+        Ok(sink)
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    async fn load(&self, script: &Lua) -> Result<(), IngestError> {
+        let mut c = self.conn.clone();
+        let _: String = redis::cmd("SCRIPT").arg("LOAD").arg(script.code).query_async(&mut c).await?;
+        Ok(())
+    }
+
+    fn evalsha(script: &Lua, keys: &[&str]) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.script.get_hash()).arg(keys.len()).arg(keys);
+        cmd
+    }
+
+    /// Runs a prepared EVALSHA; when the server lost the script (restart, SCRIPT FLUSH, a
+    /// failover to a replica that never saw it) loads it and runs the call once more.
+    async fn run(&self, script: &Lua, cmd: &Cmd) -> Result<Value, IngestError> {
+        let mut c = self.conn.clone();
+        match cmd.query_async::<Value>(&mut c).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.load(script).await?;
+                Ok(cmd.query_async::<Value>(&mut c).await?)
+            }
+            other => Ok(other?),
+        }
+    }
+
+    /// One batch script call. `args` come from [`crate::batch::script_args`].
+    pub async fn batch(&self, args: &[String]) -> Result<Vec<Value>, IngestError> {
+        let k = &self.keys;
+        let mut cmd = Self::evalsha(&self.batch, &[&k.live, &k.seen, &k.order, &k.seq]);
+        cmd.arg(args);
+        match self.run(&self.batch, &cmd).await? {
+            Value::Array(v) => Ok(v),
+            other => Err(IngestError::Reply(format!("expected an array, got {other:?}"))),
+        }
+    }
+
+    /// Removes up to `limit` couriers last seen before `cutoff`; returns how many.
+    pub async fn evict(&self, cutoff: f64, limit: usize) -> Result<u64, IngestError> {
+        let k = &self.keys;
+        let mut cmd = Self::evalsha(&self.evict, &[&k.live, &k.seen]);
+        cmd.arg(cutoff).arg(limit);
+        match self.run(&self.evict, &cmd).await? {
+            Value::Int(n) => Ok(n.max(0) as u64),
+            other => Err(IngestError::Reply(format!("evict returned {other:?}"))),
+        }
+    }
+
+    /// One HSCAN step of forgetting old seq state; returns (next cursor, removed).
+    pub async fn forget(&self, cursor: u64, cutoff: f64, count: usize) -> Result<(u64, u64), IngestError> {
+        let mut cmd = Self::evalsha(&self.forget, &[&self.keys.seq]);
+        cmd.arg(cursor).arg(cutoff).arg(count);
+        let v = self.run(&self.forget, &cmd).await?;
+        let (next, removed): (String, u64) = redis::from_redis_value(v).map_err(|e| IngestError::Reply(e.to_string()))?;
+        let next = next
+            .parse()
+            .map_err(|_| IngestError::Reply(format!("bad HSCAN cursor {next:?}")))?;
+        Ok((next, removed))
+    }
+}

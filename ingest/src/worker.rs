@@ -1,0 +1,168 @@
+//! One ingest worker: its MQTT receive loop, and the writer that turns queued messages into
+//! batch script calls and publishes the tracks of couriers with an order.
+
+use crate::batch::{self, Entry, Message, Verdict};
+use crate::config::IngestConfig;
+use crate::events::{Metrics, Stats};
+use crate::sink::RedisSink;
+use crate::source::{self, unix_now};
+use courier_wire::{encode_track, topic, track_topic, MqttEndpoint, Validation};
+use rumqttc::{AsyncClient, QoS};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// What every batch task of a worker shares.
+struct Ctx {
+    sink: RedisSink,
+    client: AsyncClient,
+    limits: Validation,
+    reset_after: f64,
+    retry_for: Duration,
+    metrics: Arc<Metrics>,
+    stats: Arc<Stats>,
+}
+
+pub(crate) async fn run(
+    n: usize,
+    config: &IngestConfig,
+    endpoint: &MqttEndpoint,
+    sink: RedisSink,
+    metrics: Arc<Metrics>,
+    stats: Arc<Stats>,
+    shutdown: CancellationToken,
+) {
+    let client_id = format!(
+        "{}-{}-{}-{:08x}",
+        config.group,
+        std::process::id(),
+        n,
+        rand::random::<u32>()
+    );
+    // Tracks wait here for the connection; room for a few full batches.
+    let options = source::mqtt_options(endpoint, &client_id, config.batch_max * config.max_in_flight * 2);
+    let (client, eventloop) = AsyncClient::new(options, 64);
+    let filters = vec![
+        topic::shared_loc_filter(&config.group),
+        topic::shared_status_filter(&config.status_group),
+    ];
+    let (tx, mut rx) = mpsc::channel::<Message>(config.queue_capacity);
+    let done = CancellationToken::new();
+    let receiver = tokio::spawn(source::receive(
+        eventloop,
+        client.clone(),
+        filters,
+        tx,
+        metrics.clone(),
+        stats.clone(),
+        shutdown.clone(),
+        done.clone(),
+    ));
+
+    let ctx = Arc::new(Ctx {
+        sink,
+        client,
+        limits: config.validation(),
+        reset_after: config.seq_reset_after.as_secs_f64(),
+        retry_for: config.redis_retry_for,
+        metrics,
+        stats,
+    });
+    let in_flight = Arc::new(Semaphore::new(config.max_in_flight));
+    let tasks = TaskTracker::new();
+    loop {
+        let mut messages = Vec::with_capacity(config.batch_max);
+        // Returns at once with what is queued (up to batch_max): batches grow with load and a
+        // lone point is not held back waiting for company.
+        if rx.recv_many(&mut messages, config.batch_max).await == 0 {
+            break; // the receive loop closed the queue and it is drained
+        }
+        ctx.metrics.queue_depth.set(rx.len() as f64);
+        let Ok(permit) = in_flight.clone().acquire_owned().await else { break };
+        let ctx = ctx.clone();
+        tasks.spawn(async move {
+            process(&ctx, messages).await;
+            drop(permit);
+        });
+    }
+    tasks.close();
+    tasks.wait().await;
+    done.cancel();
+    let _ = receiver.await;
+}
+
+/// Validates, decides in Redis, publishes tracks and counts one batch.
+async fn process(ctx: &Ctx, messages: Vec<Message>) {
+    let now = unix_now();
+    let mut plan = batch::plan(&messages, &ctx.limits, now);
+    if !plan.entries.is_empty() {
+        let args = batch::script_args(&plan, now, ctx.reset_after);
+        ctx.metrics.batch_size.record(plan.entries.len() as f64);
+        match call_with_retry(ctx, &args).await {
+            Ok(reply) => match batch::parse_reply(&reply, plan.entries.len()) {
+                Ok(verdicts) => apply(ctx, &mut plan, &verdicts),
+                Err(e) => {
+                    tracing::error!(error = %e, "batch script reply unreadable; batch counted as error");
+                    plan.tally.errors += plan.points();
+                }
+            },
+            Err(e) => {
+                tracing::error!(error = %e, points = plan.points(), "batch not written to redis");
+                plan.tally.errors += plan.points();
+            }
+        }
+    }
+    ctx.metrics.batch(&ctx.stats, &plan.tally);
+}
+
+fn apply(ctx: &Ctx, plan: &mut batch::Plan<'_>, verdicts: &[Verdict]) {
+    let t = &mut plan.tally;
+    for (entry, verdict) in plan.entries.iter().zip(verdicts) {
+        match (entry, verdict) {
+            (Entry::Point { point, received }, Verdict::Accepted { reset, order }) => {
+                t.accepted += 1;
+                t.seq_resets += u64::from(*reset);
+                ctx.metrics.phone_lag.record((received - point.ts).max(0.0));
+                let Some(order) = order else { continue };
+                if !topic::valid_id(order) {
+                    tracing::warn!(courier = %point.id, "courier:order holds an unusable order id; no track published");
+                    continue;
+                }
+                let payload = encode_track(point.lat, point.lon, point.ts);
+                match ctx.client.try_publish(track_topic(order), QoS::AtMostOnce, false, payload) {
+                    Ok(()) => t.tracks_published += 1,
+                    Err(_) => t.tracks_dropped += 1,
+                }
+            }
+            (Entry::Point { .. }, _) => t.stale += 1,
+            (Entry::Offline(_), _) => t.offline += 1,
+        }
+    }
+}
+
+/// Retries retryable failures with backoff until `redis_retry_for` has passed.
+async fn call_with_retry(ctx: &Ctx, args: &[String]) -> Result<Vec<redis::Value>, crate::IngestError> {
+    let started = Instant::now();
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let t0 = Instant::now();
+        match ctx.sink.batch(args).await {
+            Ok(v) => {
+                ctx.metrics.redis_seconds.record(t0.elapsed().as_secs_f64());
+                return Ok(v);
+            }
+            Err(e) => {
+                let retryable = e.is_retryable();
+                ctx.metrics.redis_error(retryable);
+                if !retryable || started.elapsed() + backoff > ctx.retry_for {
+                    return Err(e);
+                }
+                tracing::warn!(error = %e, "batch script failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! Redis key names.
+
+/// The Redis keys of one deployment. The default prefix is empty, giving the names of the
+/// design (`couriers:live`, ...). A prefix such as `{riyadh}:` puts every key into one Redis
+/// Cluster slot, so the batch script touches a single slot; tests use a random prefix to stay
+/// apart from each other.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    /// GEO set: last accepted location per courier.
+    pub live: String,
+    /// ZSET: server time of each courier's last accepted point (eviction).
+    pub seen: String,
+    /// HASH: courier id -> order id while he carries it.
+    pub order: String,
+    /// HASH: courier id -> seq state used by the batch script (`seq|phone_ts|epoch_ts|server_ts`).
+    pub seq: String,
+}
+
+impl Keys {
+    pub fn with_prefix(prefix: &str) -> Self {
+        Keys {
+            live: format!("{prefix}couriers:live"),
+            seen: format!("{prefix}couriers:seen"),
+            order: format!("{prefix}courier:order"),
+            seq: format!("{prefix}couriers:seq"),
+        }
+    }
+}
+
+impl Default for Keys {
+    fn default() -> Self {
+        Keys::with_prefix("")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_names_match_the_design() {
+        let k = Keys::default();
+        assert_eq!(k.live, "couriers:live");
+        assert_eq!(k.seen, "couriers:seen");
+        assert_eq!(k.order, "courier:order");
+        assert_eq!(k.seq, "couriers:seq");
+    }
+
+    #[test]
+    fn prefix_applies_to_every_key() {
+        let k = Keys::with_prefix("{riyadh}:");
+        for key in [&k.live, &k.seen, &k.order, &k.seq] {
+            assert!(key.starts_with("{riyadh}:"), "{key}");
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! The wire format of courier-pipeline, with no I/O.
+//!
+//! Everything clients and operators depend on by name lives here: the MQTT topics
+//! (`couriers/{id}/loc`, `couriers/{id}/status`, `track/{order}`), the point payload and its
+//! validation, the Redis key names, the `track/{order}` payload and the Prometheus metric
+//! names. Every stage (ingest, history, fanout, simulator) uses this crate, so a point that one
+//! stage accepts is a point every stage accepts.
+
+pub mod duration;
+pub mod endpoint;
+pub mod keys;
+pub mod metrics;
+pub mod point;
+pub mod topic;
+pub mod track;
+
+pub use endpoint::MqttEndpoint;
+pub use keys::Keys;
+pub use point::{decode_point, Invalid, Point, Validation};
+pub use topic::{loc_topic, parse_courier_topic, status_topic, track_topic, CourierTopic};
+pub use track::encode_track;
