@@ -1,0 +1,15 @@
+//! courier-pipeline: the process. It reads the configuration, starts the roles a command asks
+//! for (embedded broker, ingest; history and fanout come later) and stops them in order.
+//!
+//! ```text
+//! courier phone --couriers/<id>/loc--> broker (embedded rumqttd or external)
+//!   --$share/ingest--> ingest --> Redis couriers:live / couriers:seen, broker track/<order>
+//! ```
+
+pub mod app;
+pub mod broker;
+pub mod config;
+pub mod telemetry;
+
+pub use app::{run, Role, RunOptions};
+pub use config::{Config, FileConfig, Overrides};
