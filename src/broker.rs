@@ -3,7 +3,7 @@
 //! loss of QoS 0 messages to slow subscribers only as `CursorJump` alerts.
 
 use courier_wire::metrics as m;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -92,15 +92,17 @@ pub fn start(config: rumqttd::Config, listen: SocketAddr) -> Result<(), BrokerEr
             }
         })
         .map_err(|e| BrokerError::Start(e.to_string()))?;
+    // Ready once the address is taken. Probing by binding (not connecting) keeps rumqttd from
+    // logging an aborted connection at every start.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while TcpStream::connect_timeout(&listen, Duration::from_millis(200)).is_err() {
+    while TcpListener::bind(listen).is_ok() {
         if Instant::now() > deadline {
             return Err(BrokerError::Listen {
                 addr: listen,
                 reason: "not accepting connections after 5s".into(),
             });
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(10));
     }
     Ok(())
 }

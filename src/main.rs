@@ -99,7 +99,11 @@ fn main() -> anyhow::Result<()> {
         }
         tracing::info!(grace = ?grace, "shutting down: intake stopped, draining");
         match tokio::time::timeout(grace, task).await {
-            Ok(r) => Ok(r.context("pipeline task panicked")??),
+            Ok(r) => {
+                r.context("pipeline task panicked")??;
+                tracing::info!("stopped cleanly");
+                Ok(())
+            }
             Err(_) => anyhow::bail!("shutdown took longer than {grace:?}; exiting with work undone"),
         }
     })

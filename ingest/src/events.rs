@@ -22,6 +22,8 @@ pub struct Stats {
     pub evicted_silent: AtomicU64,
     pub evicted_offline: AtomicU64,
     pub batches: AtomicU64,
+    /// SUBACKs received by the workers (two per worker per connection): readiness.
+    pub subscriptions_acked: AtomicU64,
 }
 
 impl Stats {

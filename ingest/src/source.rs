@@ -5,35 +5,12 @@
 use crate::batch::Message;
 use crate::events::{Metrics, Stats};
 use courier_wire::metrics as m;
-use courier_wire::MqttEndpoint;
-use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, QoS};
+use courier_wire::clock::unix_now;
+use rumqttc::{AsyncClient, Event, EventLoop, Packet, QoS};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-
-/// Server clock as unix seconds.
-pub fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
-
-/// MQTT options every pipeline role uses: clean session, generous incoming packet limit (an
-/// oversize payload is then refused by validation, not by dropping the connection), and a
-/// request queue sized for the publishes this client makes.
-pub fn mqtt_options(endpoint: &MqttEndpoint, client_id: &str, request_capacity: usize) -> MqttOptions {
-    let mut o = MqttOptions::new(client_id, endpoint.host.clone(), endpoint.port);
-    o.set_keep_alive(Duration::from_secs(30))
-        .set_clean_session(true)
-        .set_max_packet_size(1 << 20, 1 << 20)
-        .set_request_channel_capacity(request_capacity.max(10));
-    if let Some(user) = &endpoint.username {
-        o.set_credentials(user.clone(), endpoint.password.clone().unwrap_or_default());
-    }
-    o
-}
 
 /// Runs the receive loop until `stop`; then unsubscribes, closes the queue (so the writer
 /// drains it) and keeps the connection serviced until `done`, so that the tracks of the last
@@ -95,6 +72,8 @@ pub(crate) async fn receive(
                 Ok(Event::Incoming(Packet::SubAck(ack))) => {
                     if ack.return_codes.iter().any(|c| matches!(c, rumqttc::SubscribeReasonCode::Failure)) {
                         tracing::error!("broker refused a subscription");
+                    } else {
+                        stats.subscriptions_acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
                 Ok(_) => {}

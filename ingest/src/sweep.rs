@@ -4,7 +4,7 @@
 use crate::config::IngestConfig;
 use crate::events::{Metrics, Stats};
 use crate::sink::RedisSink;
-use crate::source::unix_now;
+use courier_wire::clock::unix_now;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 

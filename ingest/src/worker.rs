@@ -5,7 +5,8 @@ use crate::batch::{self, Entry, Message, Verdict};
 use crate::config::IngestConfig;
 use crate::events::{Metrics, Stats};
 use crate::sink::RedisSink;
-use crate::source::{self, unix_now};
+use crate::source;
+use courier_wire::clock::unix_now;
 use courier_wire::{encode_track, topic, track_topic, MqttEndpoint, Validation};
 use rumqttc::{AsyncClient, QoS};
 use std::sync::Arc;
@@ -34,15 +35,9 @@ pub(crate) async fn run(
     stats: Arc<Stats>,
     shutdown: CancellationToken,
 ) {
-    let client_id = format!(
-        "{}-{}-{}-{:08x}",
-        config.group,
-        std::process::id(),
-        n,
-        rand::random::<u32>()
-    );
+    let client_id = courier_wire::mqtt::client_id(&config.group, n);
     // Tracks wait here for the connection; room for a few full batches.
-    let options = source::mqtt_options(endpoint, &client_id, config.batch_max * config.max_in_flight * 2);
+    let options = courier_wire::mqtt::options(endpoint, &client_id, config.batch_max * config.max_in_flight * 2);
     let (client, eventloop) = AsyncClient::new(options, 64);
     let filters = vec![
         topic::shared_loc_filter(&config.group),

@@ -10,10 +10,11 @@ pub mod motion;
 use courier_wire::{loc_topic, MqttEndpoint};
 use motion::{BBox, Courier};
 use rand::{rngs::SmallRng, SeedableRng};
-use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, QoS};
+use courier_wire::clock::unix_now;
+use rumqttc::{AsyncClient, Event, Outgoing, QoS};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// What to simulate.
@@ -123,10 +124,6 @@ pub async fn run(
     })
 }
 
-fn unix_now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
-}
-
 /// One MQTT connection carrying the points of `ids`, paced evenly: every 10 ms it sends what
 /// the rate says is due, so the load is smooth rather than a burst per interval.
 async fn connection(
@@ -137,12 +134,7 @@ async fn connection(
     stats: Arc<SimStats>,
     stop: CancellationToken,
 ) {
-    let client_id = format!("sim-{}-{k}-{:08x}", std::process::id(), rand::random::<u32>());
-    let mut o = MqttOptions::new(client_id, endpoint.host.clone(), endpoint.port);
-    o.set_keep_alive(Duration::from_secs(30)).set_request_channel_capacity(4096);
-    if let Some(u) = &endpoint.username {
-        o.set_credentials(u.clone(), endpoint.password.clone().unwrap_or_default());
-    }
+    let o = courier_wire::mqtt::options(&endpoint, &courier_wire::mqtt::client_id("sim", k), 4096);
     let (client, mut eventloop) = AsyncClient::new(o, 4096);
     let ev_stop = stop.clone();
     let driver = tokio::spawn(async move {

@@ -6,10 +6,13 @@
 //! names. Every stage (ingest, history, fanout, simulator) uses this crate, so a point that one
 //! stage accepts is a point every stage accepts.
 
+pub mod clock;
 pub mod duration;
 pub mod endpoint;
 pub mod keys;
 pub mod metrics;
+#[cfg(feature = "mqtt")]
+pub mod mqtt;
 pub mod point;
 pub mod topic;
 pub mod track;
