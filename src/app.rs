@@ -1,21 +1,32 @@
-//! `run(config, role, shutdown)`: what a command starts, and the order it stops in.
+//! `run(config, role, opts, shutdown)`: what a command starts, and the order it stops in.
+//! Each role runs as one task; the first that fails stops the others. Roles that serve HTTP
+//! hand their routes here, and one server on `HTTP_LISTEN` serves them all.
 
 use crate::broker::{self, BrokerError, CURSOR_JUMPS};
 use crate::config::{Broker, Config};
 use crate::telemetry;
 use ingest::{Ingest, IngestError, Stats};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 /// Which roles a process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
-    /// Embedded broker (unless an external one is configured) and ingest.
+    /// Every role, with the embedded broker unless an external one is configured.
     All,
     Ingest,
     Broker,
+}
+
+impl Role {
+    /// Whether this process runs `other`.
+    pub fn runs(self, other: Role) -> bool {
+        self == Role::All || self == other
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -24,10 +35,16 @@ pub enum AppError {
     Broker(#[from] BrokerError),
     #[error(transparent)]
     Ingest(#[from] IngestError),
-    #[error("metrics listener {addr}: {source}")]
-    Metrics { addr: std::net::SocketAddr, source: std::io::Error },
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Listen {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("the broker role needs the embedded broker; unset MQTT_URL")]
     BrokerIsExternal,
+    #[error("a role task panicked: {0}")]
+    Panicked(String),
 }
 
 /// Options of a running process that are not configuration of the pipeline itself.
@@ -37,16 +54,21 @@ pub struct RunOptions {
     pub status_every: Option<Duration>,
 }
 
+/// Binds now, so that a port in use is a start-up error rather than a log line.
+fn listener(what: &'static str, addr: SocketAddr) -> Result<tokio::net::TcpListener, AppError> {
+    let l = std::net::TcpListener::bind(addr).map_err(|source| AppError::Listen { what, addr, source })?;
+    l.set_nonblocking(true).map_err(|source| AppError::Listen { what, addr, source })?;
+    tokio::net::TcpListener::from_std(l).map_err(|source| AppError::Listen { what, addr, source })
+}
+
 /// Runs `role` until `shutdown`, then stops intake, drains and returns.
 pub async fn run(config: Config, role: Role, opts: RunOptions, shutdown: CancellationToken) -> Result<(), AppError> {
     let handle = telemetry::install_recorder();
     if let Some(addr) = config.metrics_listen {
-        let listener_stop = shutdown.clone();
-        // Bind now so that a port in use is a start-up error, not a log line.
-        let probe = std::net::TcpListener::bind(addr).map_err(|source| AppError::Metrics { addr, source })?;
-        drop(probe);
+        let l = listener("metrics", addr)?;
+        let stop = shutdown.clone();
         tokio::spawn(async move {
-            if let Err(e) = telemetry::serve_metrics(addr, handle, listener_stop).await {
+            if let Err(e) = telemetry::serve_metrics(l, handle, stop).await {
                 tracing::error!(error = %e, "metrics endpoint stopped");
             }
         });
@@ -66,24 +88,48 @@ pub async fn run(config: Config, role: Role, opts: RunOptions, shutdown: Cancell
     if let Some(every) = opts.status_every {
         tokio::spawn(status_line(stats.clone(), every, shutdown.clone()));
     }
-    match role {
-        Role::Broker => {
-            shutdown.cancelled().await;
-            Ok(())
-        }
-        Role::All | Role::Ingest => {
-            let ingest = Ingest {
-                config: config.ingest.clone(),
-                mqtt: config.broker.endpoint(),
-                redis_url: config.redis_url.clone(),
-                keys: config.keys.clone(),
-                stats,
-            };
-            tracing::info!(workers = config.ingest.workers, group = %config.ingest.group, "ingest starting");
-            ingest.run(shutdown).await?;
-            Ok(())
+
+    let mut roles: JoinSet<Result<(), AppError>> = JoinSet::new();
+    let routes: Vec<axum::Router> = Vec::new();
+    if role.runs(Role::Ingest) {
+        let ingest = Ingest {
+            config: config.ingest.clone(),
+            mqtt: config.broker.endpoint(),
+            redis_url: config.redis_url.clone(),
+            keys: config.keys.clone(),
+            stats,
+        };
+        tracing::info!(workers = config.ingest.workers, group = %config.ingest.group, "ingest starting");
+        let stop = shutdown.clone();
+        roles.spawn(async move { Ok(ingest.run(stop).await?) });
+    }
+    if !routes.is_empty() {
+        let l = listener("http", config.http_listen)?;
+        let app = routes.into_iter().fold(axum::Router::new(), axum::Router::merge);
+        let stop = shutdown.clone();
+        roles.spawn(async move {
+            axum::serve(l, app)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await
+                .map_err(|source| AppError::Listen { what: "http", addr: config.http_listen, source })
+        });
+    }
+    if roles.is_empty() {
+        // The broker alone: it runs on its own threads until the process ends.
+        shutdown.cancelled().await;
+        return Ok(());
+    }
+
+    let mut first_error = None;
+    while let Some(joined) = roles.join_next().await {
+        let result = joined.map_err(|e| AppError::Panicked(e.to_string())).and_then(|r| r);
+        if let Err(e) = result {
+            tracing::error!(error = %e, "role failed; stopping the others");
+            shutdown.cancel();
+            first_error.get_or_insert(e);
         }
     }
+    first_error.map_or(Ok(()), Err)
 }
 
 /// One line per period: rates and totals, no coordinates.

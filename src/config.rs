@@ -15,6 +15,9 @@ pub struct FileConfig {
     pub mqtt: MqttSection,
     pub redis: RedisSection,
     pub metrics: MetricsSection,
+    pub database: DatabaseSection,
+    pub http: HttpSection,
+    pub auth: AuthSection,
     pub ingest: IngestConfig,
     /// How long shutdown may take (drain queues, flush the last batch) before the process exits.
     #[serde(with = "courier_wire::duration")]
@@ -27,6 +30,9 @@ impl Default for FileConfig {
             mqtt: MqttSection::default(),
             redis: RedisSection::default(),
             metrics: MetricsSection::default(),
+            database: DatabaseSection::default(),
+            http: HttpSection::default(),
+            auth: AuthSection::default(),
             ingest: IngestConfig::default(),
             shutdown_grace: Duration::from_secs(10),
         }
@@ -88,6 +94,48 @@ impl Default for MetricsSection {
     }
 }
 
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseSection {
+    /// PostgreSQL of the history (`DATABASE_URL`).
+    pub url: String,
+}
+
+impl Default for DatabaseSection {
+    fn default() -> Self {
+        DatabaseSection {
+            url: "postgres://postgres@127.0.0.1:5432/courier".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpSection {
+    /// HTTP APIs (trail, orders) address (`HTTP_LISTEN`).
+    pub listen: String,
+    /// Viewer gateway (MQTT over WebSocket) address (`WS_LISTEN`).
+    pub ws_listen: String,
+}
+
+impl Default for HttpSection {
+    fn default() -> Self {
+        HttpSection {
+            listen: "127.0.0.1:8080".into(),
+            ws_listen: "127.0.0.1:8083".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSection {
+    /// Token signing keys (`AUTH_KEYS`): `kid:secret[,kid:secret...]`, the first signs, all
+    /// verify (rotation). Secrets of at least 16 bytes. Unset: roles that check tokens refuse
+    /// to start.
+    pub keys: Option<String>,
+}
+
 /// Values from the environment or flags, applied over the file.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
@@ -95,6 +143,10 @@ pub struct Overrides {
     pub mqtt_listen: Option<String>,
     pub redis_url: Option<String>,
     pub metrics_listen: Option<String>,
+    pub database_url: Option<String>,
+    pub http_listen: Option<String>,
+    pub ws_listen: Option<String>,
+    pub auth_keys: Option<String>,
 }
 
 /// Where the roles find their broker.
@@ -122,6 +174,11 @@ pub struct Config {
     pub redis_url: String,
     pub keys: Keys,
     pub metrics_listen: Option<SocketAddr>,
+    pub database_url: String,
+    pub http_listen: SocketAddr,
+    pub ws_listen: SocketAddr,
+    /// Token keys; `None` when not configured.
+    pub auth: Option<courier_auth::Keyring>,
     pub ingest: IngestConfig,
     pub shutdown_grace: Duration,
 }
@@ -165,6 +222,18 @@ impl FileConfig {
         if let Some(v) = o.metrics_listen {
             self.metrics.listen = v;
         }
+        if let Some(v) = o.database_url {
+            self.database.url = v;
+        }
+        if let Some(v) = o.http_listen {
+            self.http.listen = v;
+        }
+        if let Some(v) = o.ws_listen {
+            self.http.ws_listen = v;
+        }
+        if let Some(v) = o.auth_keys.filter(|v| !v.is_empty()) {
+            self.auth.keys = Some(v);
+        }
         let broker = match &self.mqtt.url {
             Some(url) => Broker::External(MqttEndpoint::parse(url).map_err(|e| err("MQTT_URL", e))?),
             None => Broker::Embedded {
@@ -179,6 +248,16 @@ impl FileConfig {
             "off" | "" => None,
             v => Some(v.parse().map_err(|e| err("METRICS_LISTEN", format!("{v:?}: {e}")))?),
         };
+        if !(self.database.url.starts_with("postgres://") || self.database.url.starts_with("postgresql://")) {
+            return Err(err("DATABASE_URL", "expected a postgres:// URL"));
+        }
+        let addr = |name: &str, v: &str| v.parse::<SocketAddr>().map_err(|e| err(name, format!("{v:?}: {e}")));
+        let http_listen = addr("HTTP_LISTEN", &self.http.listen)?;
+        let ws_listen = addr("WS_LISTEN", &self.http.ws_listen)?;
+        let auth = match &self.auth.keys {
+            Some(spec) => Some(courier_auth::Keyring::parse(spec).map_err(|e| err("AUTH_KEYS", e))?),
+            None => None,
+        };
         self.ingest.validate().map_err(|e| {
             let (setting, reason) = e.split_once(' ').unwrap_or((e.as_str(), ""));
             err(setting, reason)
@@ -188,6 +267,10 @@ impl FileConfig {
             redis_url: self.redis.url,
             keys: Keys::with_prefix(&self.redis.key_prefix),
             metrics_listen,
+            database_url: self.database.url,
+            http_listen,
+            ws_listen,
+            auth,
             ingest: self.ingest,
             shutdown_grace: self.shutdown_grace,
         })
@@ -236,6 +319,10 @@ mod tests {
         assert_eq!(bad(Overrides { mqtt_listen: Some("nope".into()), ..Default::default() }), "MQTT_LISTEN");
         assert_eq!(bad(Overrides { redis_url: Some("localhost".into()), ..Default::default() }), "REDIS_URL");
         assert_eq!(bad(Overrides { metrics_listen: Some(":x".into()), ..Default::default() }), "METRICS_LISTEN");
+        assert_eq!(bad(Overrides { database_url: Some("mysql://x".into()), ..Default::default() }), "DATABASE_URL");
+        assert_eq!(bad(Overrides { http_listen: Some("x".into()), ..Default::default() }), "HTTP_LISTEN");
+        assert_eq!(bad(Overrides { ws_listen: Some("x".into()), ..Default::default() }), "WS_LISTEN");
+        assert_eq!(bad(Overrides { auth_keys: Some("k1:short".into()), ..Default::default() }), "AUTH_KEYS");
         let e = FileConfig::from_toml("[ingest]\nbatch_size = 3\n").unwrap_err();
         assert!(e.reason.contains("batch_size"), "{e}");
         let e = FileConfig::from_toml("[ingest]\nworkers = 0\n").unwrap().resolve(Overrides::default()).unwrap_err();

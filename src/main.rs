@@ -25,6 +25,17 @@ struct Cli {
     /// Prometheus /metrics address, or `off`.
     #[arg(long, global = true, env = "METRICS_LISTEN")]
     metrics_listen: Option<String>,
+    #[arg(long, global = true, env = "DATABASE_URL")]
+    database_url: Option<String>,
+    /// HTTP APIs address.
+    #[arg(long, global = true, env = "HTTP_LISTEN")]
+    http_listen: Option<String>,
+    /// Viewer gateway (MQTT over WebSocket) address.
+    #[arg(long, global = true, env = "WS_LISTEN")]
+    ws_listen: Option<String>,
+    /// Token signing keys, kid:secret[,kid:secret...]; the first signs.
+    #[arg(long, global = true, env = "AUTH_KEYS", hide_env_values = true)]
+    auth_keys: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -78,6 +89,10 @@ fn main() -> anyhow::Result<()> {
         mqtt_listen: cli.mqtt_listen.clone(),
         redis_url: cli.redis_url.clone(),
         metrics_listen: cli.metrics_listen.clone(),
+        database_url: cli.database_url.clone(),
+        http_listen: cli.http_listen.clone(),
+        ws_listen: cli.ws_listen.clone(),
+        auth_keys: cli.auth_keys.clone(),
     })?;
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {

@@ -2,7 +2,6 @@
 
 use courier_wire::metrics as m;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use std::net::SocketAddr;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -37,12 +36,11 @@ pub fn install_recorder() -> PrometheusHandle {
 
 /// Serves `/metrics` and `/healthz` until `shutdown`.
 pub async fn serve_metrics(
-    listen: SocketAddr,
+    listener: tokio::net::TcpListener,
     handle: PrometheusHandle,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     use axum::{routing::get, Router};
-    let listener = tokio::net::TcpListener::bind(listen).await?;
     let upkeep = handle.clone();
     let stop = shutdown.clone();
     tokio::spawn(async move {
