@@ -9,7 +9,11 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
-#[command(name = "courier-pipeline", version, about = "Live courier locations: MQTT in, Redis GEO and order tracks out")]
+#[command(
+    name = "courier-pipeline",
+    version,
+    about = "Live courier locations: MQTT in, Redis GEO and order tracks out"
+)]
 struct Cli {
     /// TOML configuration file (see README, "Configuration").
     #[arg(long, global = true, env = "COURIER_CONFIG")]
@@ -77,7 +81,18 @@ struct SimArgs {
     id_prefix: String,
 }
 
-fn main() -> anyhow::Result<()> {
+/// Errors end the process with one line (`error: <setting>: <reason>`), never a backtrace.
+fn main() -> std::process::ExitCode {
+    match real_main() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     telemetry::init_logs();
     let file = match &cli.config {
@@ -105,7 +120,9 @@ fn main() -> anyhow::Result<()> {
             Command::Broker(a) => (Role::Broker, a),
             Command::Simulate(a) => return simulate(a, config.broker.endpoint(), shutdown).await,
         };
-        let opts = RunOptions { status_every: opts.status_every };
+        let opts = RunOptions {
+            status_every: opts.status_every,
+        };
         let task = tokio::spawn(app::run(config, role, opts, shutdown.clone()));
         tokio::pin!(task);
         tokio::select! {
@@ -119,12 +136,18 @@ fn main() -> anyhow::Result<()> {
                 tracing::info!("stopped cleanly");
                 Ok(())
             }
-            Err(_) => anyhow::bail!("shutdown took longer than {grace:?}; exiting with work undone"),
+            Err(_) => {
+                anyhow::bail!("shutdown took longer than {grace:?}; exiting with work undone")
+            }
         }
     })
 }
 
-async fn simulate(a: SimArgs, endpoint: courier_wire::MqttEndpoint, shutdown: CancellationToken) -> anyhow::Result<()> {
+async fn simulate(
+    a: SimArgs,
+    endpoint: courier_wire::MqttEndpoint,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     anyhow::ensure!(a.interval > 0.0, "--interval must be above 0");
     let cfg = simulator::SimConfig {
         couriers: a.couriers,

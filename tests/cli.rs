@@ -1,0 +1,144 @@
+//! The binary as users and scripts see it: help, configuration errors, and `run` end to end
+//! with a graceful SIGTERM.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_courier-pipeline");
+
+#[test]
+fn help_lists_the_roles() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for cmd in ["run", "ingest", "broker", "simulate"] {
+        assert!(text.contains(cmd), "--help does not list {cmd}:\n{text}");
+    }
+}
+
+#[test]
+fn a_bad_setting_stops_start_up_with_one_line_naming_it() {
+    for (var, value) in [
+        ("MQTT_LISTEN", "nope"),
+        ("REDIS_URL", "localhost:6379"),
+        ("MQTT_URL", "http://x"),
+        ("METRICS_LISTEN", "x"),
+    ] {
+        let out = Command::new(BIN)
+            .arg("ingest")
+            .env(var, value)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{var}={value} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "expected one line, got:\n{err}");
+        assert!(lines[0].contains(var), "{:?} does not name {var}", lines[0]);
+    }
+    let dir = std::env::temp_dir().join(format!("cli-{:x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("bad.toml");
+    std::fs::write(&conf, "[ingest]\nbatch_max = 0\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["--config", conf.to_str().unwrap(), "ingest"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ingest.batch_max"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn scrape(addr: std::net::SocketAddr) -> String {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = write!(s, "GET /metrics HTTP/1.0\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_takes_a_point_serves_metrics_and_stops_on_sigterm() {
+    let (mqtt, metrics, http, ws) = (free_addr(), free_addr(), free_addr(), free_addr());
+    let prefix = prefix();
+    let dir = std::env::temp_dir().join(format!("cli-{:x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("run.toml");
+    std::fs::write(&conf, format!("[redis]\nkey_prefix = \"{prefix}\"\n")).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["--config", conf.to_str().unwrap(), "run"])
+        .env_remove("MQTT_URL")
+        .env("MQTT_LISTEN", mqtt.to_string())
+        .env("METRICS_LISTEN", metrics.to_string())
+        .env("HTTP_LISTEN", http.to_string())
+        .env("WS_LISTEN", ws.to_string())
+        .env("REDIS_URL", &services().redis_url)
+        .env("DATABASE_URL", &services().database_url)
+        .env("AUTH_KEYS", "test:0123456789abcdef0123456789abcdef")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !scrape(metrics).contains("200 OK") {
+        assert!(Instant::now() < deadline, "metrics endpoint never answered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let endpoint = courier_wire::MqttEndpoint::new("127.0.0.1", mqtt.port());
+    let (c, _h) = client(&endpoint, None).await;
+    // Ingest subscribes right after it connects; keep sending rising seqs until one is taken.
+    let t = courier_wire::clock::unix_now() - 1.0;
+    let mut seq = 0;
+    let accepted = loop {
+        seq += 1;
+        publish(
+            &c,
+            "couriers/cli1/loc",
+            point("cli1", 24.7, 46.7, t + seq as f64 * 0.01, seq),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let text = scrape(metrics);
+        if text.contains("ingest_points_total{result=\"accepted\"}") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "no point accepted");
+    };
+    assert!(accepted.contains("ingest_messages_received_total"));
+
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "run did not stop after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(status.success(), "exit {status:?}; stderr:\n{err}");
+    assert!(err.contains("stopped cleanly"), "{err}");
+    // Coordinates never reach the logs.
+    assert!(
+        !err.contains("24.7") && !err.contains("46.7"),
+        "coordinates in logs:\n{err}"
+    );
+    let keys = courier_wire::Keys::with_prefix(&prefix);
+    cleanup(&keys).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
