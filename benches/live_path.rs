@@ -1,7 +1,8 @@
 //! The live path under rising load: embedded broker (`courier-pipeline broker`), ONE ingest
 //! worker (`courier-pipeline ingest`), real Redis, and the simulator as load, each its own
-//! process on this box. Prints, per rate: sent, received by ingest, accepted, lost, the
-//! broker's loss alerts, ingest CPU µs per point and ingest RSS.
+//! process on this box. Prints, per rate: sent, received by ingest, accepted, duplicates, lost
+//! (sent minus accepted), where it was lost (ingest's queue, the broker's CursorJump alerts;
+//! the rest is the broker dropping silently), ingest CPU µs per point and ingest RSS.
 //!
 //! Run: `./dev bench` (or `cargo bench --bench live_path` with REDIS_URL set).
 //! Env: BENCH_RATES (msg/s, comma-separated; default 10000,20000,40000,60000,80000),
@@ -177,6 +178,7 @@ fn main() {
         let rx0 = metric(&before, "ingest_messages_received_total", "");
         let acc0 = metric(&before, "ingest_points_total", "result=\"accepted\"");
         let stale0 = metric(&before, "ingest_points_total", "result=\"stale\"");
+        let qdrop0 = metric(&before, "ingest_queue_dropped_total", "");
         let cpu0 = cpu_secs(ipid);
         let sim = Command::new(BIN)
             .args([
@@ -225,8 +227,9 @@ fn main() {
         // sent minus accepted is what was lost on the way.
         let dups = metric(&text, "ingest_points_total", "result=\"stale\"") - stale0;
         let lost = (sent - accepted).max(0.0);
+        let qdrops = metric(&text, "ingest_queue_dropped_total", "") - qdrop0;
         println!(
-            "{:>9} {:>9.0} {:>9.0} {:>9.0} {:>6.0} {:>9.0} {:>6.2}% {:>8.0} {:>10.2} {:>9.1} {:>9.1}",
+            "{:>9} {:>9.0} {:>9.0} {:>9.0} {:>6.0} {:>9.0} {:>6.2}% {:>8.0} {:>8.0} {:>10.2} {:>9.1} {:>9.1}",
             rate,
             sent,
             received,
@@ -234,6 +237,7 @@ fn main() {
             dups,
             lost,
             100.0 * lost / sent.max(1.0),
+            qdrops,
             alerts,
             cpu * 1e6 / received.max(1.0),
             status_kib(ipid, "VmRSS:") as f64 / 1024.0,
