@@ -94,7 +94,7 @@ fn main() -> std::process::ExitCode {
 
 fn real_main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    telemetry::init_logs();
+    telemetry::init_logs(telemetry::LogFormat::from_env().map_err(anyhow::Error::msg)?);
     let file = match &cli.config {
         Some(p) => FileConfig::from_file(p)?,
         None => FileConfig::default(),

@@ -142,3 +142,42 @@ async fn run_takes_a_point_serves_metrics_and_stops_on_sigterm() {
     cleanup(&keys).await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn log_format_json_writes_one_json_object_per_line() {
+    let mqtt = free_addr();
+    let mut child = Command::new(BIN)
+        .arg("broker")
+        .env_remove("MQTT_URL")
+        .env("LOG_FORMAT", "json")
+        .env("MQTT_LISTEN", mqtt.to_string())
+        .env("METRICS_LISTEN", "off")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(mqtt).is_err() {
+        assert!(Instant::now() < deadline, "broker never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(status.success(), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.is_empty()).collect();
+    assert!(lines.len() >= 2, "{err}");
+    for l in lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+        assert!(v["level"].is_string() && v["message"].is_string(), "{l}");
+    }
+}
