@@ -89,6 +89,26 @@ impl Drop for TestBroker {
     }
 }
 
+impl TestBroker {
+    /// A broker some test started itself (a child process, files in `dir`).
+    pub fn external(endpoint: MqttEndpoint, child: Child, dir: PathBuf) -> Self {
+        TestBroker {
+            endpoint,
+            child: Some(child),
+            _dir: Some(dir),
+        }
+    }
+
+    /// Another way into a running broker (other credentials); owns nothing.
+    pub fn external_view(endpoint: MqttEndpoint) -> Self {
+        TestBroker {
+            endpoint,
+            child: None,
+            _dir: None,
+        }
+    }
+}
+
 pub fn mosquitto_bin() -> PathBuf {
     for p in [
         "/usr/sbin/mosquitto",
