@@ -129,6 +129,9 @@ fn main() {
     let conf = dir.join("bench.toml");
     std::fs::write(&conf, format!("[redis]\nkey_prefix = \"{prefix}\"\n")).unwrap();
     let (mqtt, broker_metrics, ingest_metrics) = (free_port(), free_port(), free_port());
+    // The broker checks logins; ingest and the simulator log in with service tokens made from
+    // the same keys.
+    std::env::set_var("AUTH_KEYS", "bench:live-path-bench-key-0123456789");
 
     let broker = Proc(
         Command::new(BIN)

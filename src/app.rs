@@ -43,6 +43,8 @@ pub enum AppError {
     },
     #[error("the broker role needs the embedded broker; unset MQTT_URL")]
     BrokerIsExternal,
+    #[error("AUTH_KEYS: the embedded broker checks courier and worker tokens with these keys; set them (or MQTT_ALLOW_ANONYMOUS=true, for development only)")]
+    NoBrokerKeys,
     #[error("a role task panicked: {0}")]
     Panicked(String),
 }
@@ -89,12 +91,28 @@ pub async fn run(
             Broker::Embedded {
                 listen,
                 config: file,
+                tls,
+                auth,
             },
             Role::All | Role::Broker,
         ) => {
-            let bc = broker::load_config(file.as_deref(), *listen)?;
+            let mut bc = broker::load_config(file.as_deref(), *listen)?;
+            let keys = match (*auth, &config.auth) {
+                (true, None) => return Err(AppError::NoBrokerKeys),
+                (true, Some(k)) => Some(k.clone()),
+                (false, _) => None,
+            };
+            broker::secure(&mut bc, tls.as_ref(), keys)?;
             broker::start(bc, *listen)?;
-            tracing::info!(%listen, "embedded broker listening");
+            match tls {
+                Some(t) => {
+                    tracing::info!(%listen, tls = %t.listen, logins = *auth, "embedded broker listening")
+                }
+                None => tracing::info!(%listen, logins = *auth, "embedded broker listening"),
+            }
+            if !*auth {
+                tracing::warn!("embedded broker admits anonymous clients: development only");
+            }
         }
         (Broker::External(_), Role::Broker) => return Err(AppError::BrokerIsExternal),
         _ => {}
@@ -110,7 +128,7 @@ pub async fn run(
     if role.runs(Role::Ingest) {
         let ingest = Ingest {
             config: config.ingest.clone(),
-            mqtt: config.broker.endpoint(),
+            mqtt: config.worker_endpoint("ingest"),
             redis_url: config.redis_url.clone(),
             keys: config.keys.clone(),
             stats,

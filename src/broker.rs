@@ -4,8 +4,9 @@
 
 use courier_wire::metrics as m;
 use std::net::{SocketAddr, TcpListener};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The broker configuration shipped in `broker-config/rumqttd.toml`.
@@ -61,13 +62,96 @@ pub fn load_config(
     Ok(config)
 }
 
-/// Starts the broker and waits until it accepts connections on `listen`.
+/// A TLS listener of the embedded broker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TlsListener {
+    pub listen: SocketAddr,
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+}
+
+/// Adds a TLS listener (a copy of the plain one's settings) and, with a keyring, the login
+/// check on every listener: couriers with their device token, workers with a service token.
+/// rumqttd closes a refused connection without a CONNACK code.
+pub fn secure(
+    config: &mut rumqttd::Config,
+    tls: Option<&TlsListener>,
+    auth: Option<courier_auth::Keyring>,
+) -> Result<(), BrokerError> {
+    let servers = config.v4.get_or_insert_with(Default::default);
+    if let Some(tls) = tls {
+        for f in [&tls.cert, &tls.key] {
+            if !f.is_file() {
+                return Err(BrokerError::Config {
+                    path: f.display().to_string(),
+                    reason: "TLS file not found".into(),
+                });
+            }
+        }
+        let mut keys: Vec<_> = servers.keys().cloned().collect();
+        keys.sort();
+        let mut server = keys
+            .first()
+            .and_then(|k| servers.get(k))
+            .cloned()
+            .ok_or_else(|| BrokerError::Start("no [v4.*] listener to copy for TLS".into()))?;
+        server.name = "v4-tls".into();
+        server.listen = tls.listen;
+        server.tls = Some(rumqttd::TlsConfig::Rustls {
+            capath: None,
+            certpath: tls.cert.display().to_string(),
+            keypath: tls.key.display().to_string(),
+        });
+        servers.insert("tls".into(), server);
+    }
+    if let Some(keys) = auth {
+        let keys = Arc::new(keys);
+        let all = [config.v4.as_mut(), config.v5.as_mut(), config.ws.as_mut()];
+        for server in all.into_iter().flatten().flat_map(|m| m.values_mut()) {
+            let keys = keys.clone();
+            server.set_auth_handler(move |_client_id, user: String, pass: String| {
+                let now = courier_wire::clock::unix_now() as u64;
+                let result = courier_auth::broker_login(&keys, &user, &pass, now);
+                let label = match &result {
+                    Ok(courier_auth::BrokerLogin::Courier(_)) => "courier",
+                    Ok(courier_auth::BrokerLogin::Service(_)) => "service",
+                    Err(_) => "refused",
+                };
+                metrics::counter!(m::BROKER_LOGINS, "result" => label).increment(1);
+                if let Err(e) = &result {
+                    tracing::info!(username = %user, reason = %e, "broker login refused");
+                }
+                std::future::ready(result.is_ok())
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Every address the broker's listeners use.
+fn listen_addrs(config: &rumqttd::Config) -> Vec<SocketAddr> {
+    [config.v4.as_ref(), config.v5.as_ref(), config.ws.as_ref()]
+        .into_iter()
+        .flatten()
+        .flat_map(|m| m.values().map(|s| s.listen))
+        .collect()
+}
+
+/// Starts the broker and waits until every listener accepts connections.
 pub fn start(config: rumqttd::Config, listen: SocketAddr) -> Result<(), BrokerError> {
+    let mut addrs = listen_addrs(&config);
+    if !addrs.contains(&listen) {
+        addrs.push(listen);
+    }
     // rumqttd only logs a failed bind from its own thread; find out here, with a clear error.
-    TcpListener::bind(listen).map_err(|e| BrokerError::Listen {
-        addr: listen,
-        reason: e.to_string(),
-    })?;
+    for addr in &addrs {
+        TcpListener::bind(addr).map_err(|e| BrokerError::Listen {
+            addr: *addr,
+            reason: e.to_string(),
+        })?;
+    }
     let mut broker = rumqttd::Broker::new(config);
     let alerts = broker
         .alerts()
@@ -100,14 +184,16 @@ pub fn start(config: rumqttd::Config, listen: SocketAddr) -> Result<(), BrokerEr
     // Ready once the address is taken. Probing by binding (not connecting) keeps rumqttd from
     // logging an aborted connection at every start.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while TcpListener::bind(listen).is_ok() {
-        if Instant::now() > deadline {
-            return Err(BrokerError::Listen {
-                addr: listen,
-                reason: "not accepting connections after 5s".into(),
-            });
+    for addr in addrs {
+        while TcpListener::bind(addr).is_ok() {
+            if Instant::now() > deadline {
+                return Err(BrokerError::Listen {
+                    addr,
+                    reason: "not accepting connections after 5s".into(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
-        std::thread::sleep(Duration::from_millis(10));
     }
     Ok(())
 }

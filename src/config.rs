@@ -49,6 +49,19 @@ pub struct MqttSection {
     /// rumqttd configuration of the embedded broker; unset: the built-in copy of
     /// `broker-config/rumqttd.toml`.
     pub broker_config: Option<PathBuf>,
+    /// TLS listener of the embedded broker (`MQTT_TLS_LISTEN`), e.g. `0.0.0.0:8883`; needs
+    /// `tls_cert` and `tls_key`.
+    pub tls_listen: Option<String>,
+    /// PEM certificate chain of the TLS listener.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of the TLS listener.
+    pub tls_key: Option<PathBuf>,
+    /// PEM certificates the workers trust for an `mqtts://` MQTT_URL (`MQTT_CA_FILE`); unset:
+    /// the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// Let the embedded broker admit clients without credentials (`MQTT_ALLOW_ANONYMOUS`).
+    /// Development only: with it, anyone who reaches the port can publish any courier's points.
+    pub allow_anonymous: bool,
 }
 
 impl Default for MqttSection {
@@ -57,6 +70,11 @@ impl Default for MqttSection {
             url: None,
             listen: "127.0.0.1:1883".into(),
             broker_config: None,
+            tls_listen: None,
+            tls_cert: None,
+            tls_key: None,
+            ca_file: None,
+            allow_anonymous: false,
         }
     }
 }
@@ -147,15 +165,21 @@ pub struct Overrides {
     pub http_listen: Option<String>,
     pub ws_listen: Option<String>,
     pub auth_keys: Option<String>,
+    pub mqtt_tls_listen: Option<String>,
+    pub mqtt_ca_file: Option<String>,
+    pub mqtt_allow_anonymous: Option<bool>,
 }
 
 /// Where the roles find their broker.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Broker {
-    /// Start rumqttd in this process, listening here.
+    /// Start rumqttd in this process, listening here (and on `tls`); with `auth`, every client
+    /// must log in with a token.
     Embedded {
         listen: SocketAddr,
         config: Option<PathBuf>,
+        tls: Option<crate::broker::TlsListener>,
+        auth: bool,
     },
     External(MqttEndpoint),
 }
@@ -186,6 +210,23 @@ pub struct Config {
     pub auth: Option<courier_auth::Keyring>,
     pub ingest: IngestConfig,
     pub shutdown_grace: Duration,
+}
+
+impl Config {
+    /// The broker endpoint a worker role of this process uses. Without credentials in MQTT_URL
+    /// and with AUTH_KEYS set, it logs in with a service token (what the embedded broker, here
+    /// or in a `courier-pipeline broker` process sharing the keys, expects). Service tokens are
+    /// minted at start-up and live a year.
+    pub fn worker_endpoint(&self, role: &str) -> MqttEndpoint {
+        let mut e = self.broker.endpoint();
+        if let (None, Some(keys)) = (&e.username, &self.auth) {
+            let now = courier_wire::clock::unix_now() as u64;
+            e.username = Some(format!("svc-{role}"));
+            e.password =
+                Some(keys.sign(&courier_auth::Claims::service(role, now, 365 * 24 * 3600)));
+        }
+        e
+    }
 }
 
 /// A setting that cannot work, with its name.
@@ -241,19 +282,63 @@ impl FileConfig {
         if let Some(v) = o.auth_keys.filter(|v| !v.is_empty()) {
             self.auth.keys = Some(v);
         }
-        let broker = match &self.mqtt.url {
-            Some(url) => {
-                Broker::External(MqttEndpoint::parse(url).map_err(|e| err("MQTT_URL", e))?)
+        if let Some(v) = o.mqtt_tls_listen.filter(|v| !v.is_empty()) {
+            self.mqtt.tls_listen = Some(v);
+        }
+        if let Some(v) = o.mqtt_ca_file.filter(|v| !v.is_empty()) {
+            self.mqtt.ca_file = Some(v.into());
+        }
+        if let Some(v) = o.mqtt_allow_anonymous {
+            self.mqtt.allow_anonymous = v;
+        }
+        let auth = match &self.auth.keys {
+            Some(spec) => {
+                Some(courier_auth::Keyring::parse(spec).map_err(|e| err("AUTH_KEYS", e))?)
             }
-            None => Broker::Embedded {
-                listen: self
-                    .mqtt
-                    .listen
-                    .parse()
-                    .map_err(|e| err("MQTT_LISTEN", format!("{:?}: {e}", self.mqtt.listen)))?,
-                config: self.mqtt.broker_config.clone(),
-            },
+            None => None,
         };
+        let broker =
+            match &self.mqtt.url {
+                Some(url) => {
+                    let mut e = MqttEndpoint::parse(url).map_err(|e| err("MQTT_URL", e))?;
+                    if let Some(ca) = &self.mqtt.ca_file {
+                        let pem = std::fs::read(ca)
+                            .map_err(|x| err("MQTT_CA_FILE", format!("{}: {x}", ca.display())))?;
+                        e.ca_pem = Some(pem);
+                    }
+                    Broker::External(e)
+                }
+                None => {
+                    let tls = match (
+                        &self.mqtt.tls_listen,
+                        &self.mqtt.tls_cert,
+                        &self.mqtt.tls_key,
+                    ) {
+                        (None, _, _) => None,
+                        (Some(l), Some(cert), Some(key)) => Some(crate::broker::TlsListener {
+                            listen: l
+                                .parse()
+                                .map_err(|e| err("MQTT_TLS_LISTEN", format!("{l:?}: {e}")))?,
+                            cert: cert.clone(),
+                            key: key.clone(),
+                        }),
+                        (Some(_), _, _) => {
+                            return Err(err(
+                                "mqtt.tls_listen",
+                                "needs mqtt.tls_cert and mqtt.tls_key",
+                            ))
+                        }
+                    };
+                    Broker::Embedded {
+                        listen: self.mqtt.listen.parse().map_err(|e| {
+                            err("MQTT_LISTEN", format!("{:?}: {e}", self.mqtt.listen))
+                        })?,
+                        config: self.mqtt.broker_config.clone(),
+                        tls,
+                        auth: !self.mqtt.allow_anonymous,
+                    }
+                }
+            };
         if !(self.redis.url.starts_with("redis://")
             || self.redis.url.starts_with("rediss://")
             || self.redis.url.starts_with("unix://"))
@@ -281,12 +366,6 @@ impl FileConfig {
         };
         let http_listen = addr("HTTP_LISTEN", &self.http.listen)?;
         let ws_listen = addr("WS_LISTEN", &self.http.ws_listen)?;
-        let auth = match &self.auth.keys {
-            Some(spec) => {
-                Some(courier_auth::Keyring::parse(spec).map_err(|e| err("AUTH_KEYS", e))?)
-            }
-            None => None,
-        };
         self.ingest.validate().map_err(|e| {
             let (setting, reason) = e.split_once(' ').unwrap_or((e.as_str(), ""));
             err(setting, reason)
@@ -310,16 +389,32 @@ impl FileConfig {
 mod tests {
     use super::*;
 
+    fn keys() -> Overrides {
+        Overrides {
+            auth_keys: Some("k1:0123456789abcdef".into()),
+            ..Default::default()
+        }
+    }
+
     #[test]
-    fn defaults_embed_the_broker() {
-        let c = FileConfig::default().resolve(Overrides::default()).unwrap();
+    fn defaults_embed_the_broker_with_logins() {
+        let c = FileConfig::default().resolve(keys()).unwrap();
         assert_eq!(
             c.broker,
             Broker::Embedded {
                 listen: "127.0.0.1:1883".parse().unwrap(),
-                config: None
+                config: None,
+                tls: None,
+                auth: true,
             }
         );
+        let open = FileConfig::default()
+            .resolve(Overrides {
+                mqtt_allow_anonymous: Some(true),
+                ..Default::default()
+            })
+            .unwrap();
+        assert!(matches!(open.broker, Broker::Embedded { auth: false, .. }));
         assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
         assert_eq!(c.keys, Keys::default());
     }
@@ -349,7 +444,30 @@ mod tests {
 
     #[test]
     fn bad_settings_name_themselves() {
-        let bad = |o: Overrides| FileConfig::default().resolve(o).unwrap_err().setting;
+        let bad = |o: Overrides| {
+            FileConfig::default()
+                .resolve(Overrides {
+                    auth_keys: o.auth_keys.or(keys().auth_keys),
+                    ..o
+                })
+                .unwrap_err()
+                .setting
+        };
+        assert_eq!(
+            bad(Overrides {
+                mqtt_tls_listen: Some("127.0.0.1:8883".into()),
+                ..Default::default()
+            }),
+            "mqtt.tls_listen"
+        );
+        assert_eq!(
+            bad(Overrides {
+                mqtt_ca_file: Some("/nonexistent/ca.pem".into()),
+                mqtt_url: Some("mqtts://x".into()),
+                ..Default::default()
+            }),
+            "MQTT_CA_FILE"
+        );
         assert_eq!(
             bad(Overrides {
                 mqtt_url: Some("http://x".into()),
@@ -410,7 +528,7 @@ mod tests {
         assert!(e.reason.contains("batch_size"), "{e}");
         let e = FileConfig::from_toml("[ingest]\nworkers = 0\n")
             .unwrap()
-            .resolve(Overrides::default())
+            .resolve(keys())
             .unwrap_err();
         assert_eq!(e.setting, "ingest.workers");
     }

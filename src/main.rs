@@ -40,6 +40,15 @@ struct Cli {
     /// Token signing keys, kid:secret[,kid:secret...]; the first signs.
     #[arg(long, global = true, env = "AUTH_KEYS", hide_env_values = true)]
     auth_keys: Option<String>,
+    /// TLS listener of the embedded broker (needs mqtt.tls_cert and mqtt.tls_key).
+    #[arg(long, global = true, env = "MQTT_TLS_LISTEN")]
+    mqtt_tls_listen: Option<String>,
+    /// PEM certificates to trust for an mqtts:// MQTT_URL.
+    #[arg(long, global = true, env = "MQTT_CA_FILE")]
+    mqtt_ca_file: Option<String>,
+    /// Let the embedded broker admit clients without credentials (development only).
+    #[arg(long, global = true, env = "MQTT_ALLOW_ANONYMOUS")]
+    mqtt_allow_anonymous: Option<bool>,
     #[command(subcommand)]
     command: Command,
 }
@@ -108,6 +117,9 @@ fn real_main() -> anyhow::Result<()> {
         http_listen: cli.http_listen.clone(),
         ws_listen: cli.ws_listen.clone(),
         auth_keys: cli.auth_keys.clone(),
+        mqtt_tls_listen: cli.mqtt_tls_listen.clone(),
+        mqtt_ca_file: cli.mqtt_ca_file.clone(),
+        mqtt_allow_anonymous: cli.mqtt_allow_anonymous,
     })?;
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {
@@ -118,7 +130,9 @@ fn real_main() -> anyhow::Result<()> {
             Command::Run(a) => (Role::All, a),
             Command::Ingest(a) => (Role::Ingest, a),
             Command::Broker(a) => (Role::Broker, a),
-            Command::Simulate(a) => return simulate(a, config.broker.endpoint(), shutdown).await,
+            Command::Simulate(a) => {
+                return simulate(a, config.worker_endpoint("simulator"), shutdown).await
+            }
         };
         let opts = RunOptions {
             status_every: opts.status_every,

@@ -90,7 +90,14 @@ async fn run_takes_a_point_serves_metrics_and_stops_on_sigterm() {
         assert!(Instant::now() < deadline, "metrics endpoint never answered");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let endpoint = courier_wire::MqttEndpoint::new("127.0.0.1", mqtt.port());
+    // The embedded broker checks logins: the courier presents his device token.
+    let keys = courier_auth::Keyring::parse("test:0123456789abcdef0123456789abcdef").unwrap();
+    let now = courier_wire::clock::unix_now() as u64;
+    let endpoint = courier_wire::MqttEndpoint {
+        username: Some("cli1".into()),
+        password: Some(keys.sign(&courier_auth::Claims::courier("cli1", now, 600))),
+        ..courier_wire::MqttEndpoint::new("127.0.0.1", mqtt.port())
+    };
     let (c, _h) = client(&endpoint, None).await;
     // Ingest subscribes right after it connects; keep sending rising seqs until one is taken.
     let t = courier_wire::clock::unix_now() - 1.0;
@@ -150,6 +157,7 @@ fn log_format_json_writes_one_json_object_per_line() {
         .arg("broker")
         .env_remove("MQTT_URL")
         .env("LOG_FORMAT", "json")
+        .env("AUTH_KEYS", "test:0123456789abcdef0123456789abcdef")
         .env("MQTT_LISTEN", mqtt.to_string())
         .env("METRICS_LISTEN", "off")
         .stderr(Stdio::piped())
@@ -180,4 +188,22 @@ fn log_format_json_writes_one_json_object_per_line() {
         let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
         assert!(v["level"].is_string() && v["message"].is_string(), "{l}");
     }
+}
+
+#[test]
+fn the_embedded_broker_will_not_admit_anyone_without_keys() {
+    let out = Command::new(BIN)
+        .arg("broker")
+        .env_remove("MQTT_URL")
+        .env_remove("AUTH_KEYS")
+        .env("MQTT_LISTEN", free_addr().to_string())
+        .env("METRICS_LISTEN", "off")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.lines().any(|l| l.starts_with("error: AUTH_KEYS")),
+        "{err}"
+    );
 }

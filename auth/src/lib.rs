@@ -259,3 +259,109 @@ mod tests {
         }
     }
 }
+
+/// Scope of a courier's device token: publishes his own points.
+pub const SCOPE_COURIER: &str = "courier";
+/// Scope of the pipeline's own workers (ingest, history, fanout) on the broker.
+pub const SCOPE_SERVICE: &str = "service";
+
+impl Claims {
+    /// A courier's device token: `sub` is the courier id, which must also be the MQTT username.
+    pub fn courier(id: &str, now: u64, ttl_secs: u64) -> Self {
+        Claims {
+            sub: id.into(),
+            scope: SCOPE_COURIER.into(),
+            order: None,
+            iat: now,
+            exp: now + ttl_secs,
+        }
+    }
+
+    /// A worker's broker credential.
+    pub fn service(role: &str, now: u64, ttl_secs: u64) -> Self {
+        Claims {
+            sub: role.into(),
+            scope: SCOPE_SERVICE.into(),
+            order: None,
+            iat: now,
+            exp: now + ttl_secs,
+        }
+    }
+}
+
+/// Who a broker login turned out to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BrokerLogin {
+    Courier(String),
+    Service(String),
+}
+
+/// Why a broker login was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoginError {
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    #[error("a courier token must be presented with its courier id as username")]
+    WrongUser,
+    #[error("token scope does not admit a broker login")]
+    WrongScope,
+}
+
+/// Checks an MQTT CONNECT's username and password (a token). A courier logs in with his id
+/// and his device token; a worker with any username and a service token.
+pub fn broker_login(
+    keys: &Keyring,
+    username: &str,
+    password: &str,
+    now: u64,
+) -> Result<BrokerLogin, LoginError> {
+    let claims = keys.verify(password, now)?;
+    if claims.has_scope(SCOPE_COURIER) {
+        return if claims.sub == username {
+            Ok(BrokerLogin::Courier(claims.sub))
+        } else {
+            Err(LoginError::WrongUser)
+        };
+    }
+    if claims.has_scope(SCOPE_SERVICE) {
+        return Ok(BrokerLogin::Service(claims.sub));
+    }
+    Err(LoginError::WrongScope)
+}
+
+#[cfg(test)]
+mod login_tests {
+    use super::*;
+
+    #[test]
+    fn couriers_log_in_as_themselves_only() {
+        let k = Keyring::parse("k1:0123456789abcdef").unwrap();
+        let t = k.sign(&Claims::courier("c42", 100, 3600));
+        assert_eq!(
+            broker_login(&k, "c42", &t, 200),
+            Ok(BrokerLogin::Courier("c42".into()))
+        );
+        assert_eq!(broker_login(&k, "c43", &t, 200), Err(LoginError::WrongUser));
+        assert_eq!(
+            broker_login(&k, "c42", &t, 4000),
+            Err(LoginError::Token(TokenError::Expired))
+        );
+        assert!(broker_login(&k, "c42", "c42", 200).is_err());
+        let s = k.sign(&Claims::service("ingest", 100, 3600));
+        assert_eq!(
+            broker_login(&k, "anything", &s, 200),
+            Ok(BrokerLogin::Service("ingest".into()))
+        );
+        let support = k.sign(&Claims {
+            sub: "alice".into(),
+            scope: "trail:read".into(),
+            order: None,
+            iat: 100,
+            exp: 4000,
+        });
+        assert_eq!(
+            broker_login(&k, "alice", &support, 200),
+            Err(LoginError::WrongScope)
+        );
+    }
+}

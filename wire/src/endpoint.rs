@@ -1,18 +1,35 @@
-//! Where a role finds its MQTT broker: `mqtt://[user[:password]@]host[:port]`.
+//! Where a role finds its MQTT broker: `mqtt://[user[:password]@]host[:port]`, or `mqtts://`
+//! for TLS.
 
 /// A parsed `MQTT_URL`. Kept free of any MQTT client type so every role builds its own options.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct MqttEndpoint {
     pub host: String,
     pub port: u16,
     pub username: Option<String>,
     pub password: Option<String>,
+    /// TLS (`mqtts://`).
+    pub tls: bool,
+    /// PEM certificates to trust for TLS instead of the system's roots (`mqtt.ca_file`).
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for MqttEndpoint {
+    // The password (a token) stays out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MqttEndpoint")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("username", &self.username)
+            .field("tls", &self.tls)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why an `MQTT_URL` was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EndpointError {
-    #[error("expected mqtt://host[:port] or tcp://host[:port], got scheme {0:?}")]
+    #[error("expected mqtt://, tcp:// or mqtts://host[:port], got scheme {0:?}")]
     Scheme(String),
     #[error("missing host")]
     NoHost,
@@ -27,17 +44,21 @@ impl MqttEndpoint {
             port,
             username: None,
             password: None,
+            tls: false,
+            ca_pem: None,
         }
     }
 
-    /// Parses `mqtt://` or `tcp://` URLs; the port defaults to 1883.
+    /// Parses `mqtt://` or `tcp://` URLs (port 1883 by default) and `mqtts://` (TLS, 8883).
     pub fn parse(url: &str) -> Result<Self, EndpointError> {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| EndpointError::Scheme(String::new()))?;
-        if scheme != "mqtt" && scheme != "tcp" {
-            return Err(EndpointError::Scheme(scheme.to_string()));
-        }
+        let tls = match scheme {
+            "mqtt" | "tcp" => false,
+            "mqtts" | "ssl" => true,
+            _ => return Err(EndpointError::Scheme(scheme.to_string())),
+        };
         let rest = rest.trim_end_matches('/');
         let (auth, hostport) = match rest.rsplit_once('@') {
             Some((a, h)) => (Some(a), h),
@@ -57,6 +78,7 @@ impl MqttEndpoint {
         }
         let port = match port {
             Some(p) => p.parse().map_err(|_| EndpointError::Port(p.to_string()))?,
+            None if tls => 8883,
             None => 1883,
         };
         let (username, password) = match auth {
@@ -71,6 +93,8 @@ impl MqttEndpoint {
             port,
             username,
             password,
+            tls,
+            ca_pem: None,
         })
     }
 }
@@ -91,6 +115,10 @@ mod tests {
         assert_eq!(e.port, 2883);
         assert_eq!(e.username.as_deref(), Some("svc"));
         assert_eq!(e.password.as_deref(), Some("s3cret"));
+        assert!(!format!("{e:?}").contains("s3cret"));
+        let t = MqttEndpoint::parse("mqtts://broker.example").unwrap();
+        assert!(t.tls);
+        assert_eq!(t.port, 8883);
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub const INGEST_EVICTED: &str = "ingest_evicted_total";
 pub const MQTT_CONNECTION_EVENTS: &str = "mqtt_connection_events_total";
 /// Counter: `CursorJump` alerts of the embedded broker (a slow subscriber lost messages).
 pub const BROKER_CURSOR_JUMPS: &str = "broker_cursor_jumps_total";
+/// Counter, label `result`: courier | service | refused. Logins checked by the embedded broker.
+pub const BROKER_LOGINS: &str = "broker_logins_total";
 /// Counter: other alerts of the embedded broker.
 pub const BROKER_ALERTS_OTHER: &str = "broker_alerts_other_total";
 

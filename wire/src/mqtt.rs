@@ -17,7 +17,29 @@ pub fn options(endpoint: &MqttEndpoint, client_id: &str, request_capacity: usize
     if let Some(user) = &endpoint.username {
         o.set_credentials(user.clone(), endpoint.password.clone().unwrap_or_default());
     }
+    if endpoint.tls {
+        install_crypto_provider();
+        let tls = match &endpoint.ca_pem {
+            Some(ca) => rumqttc::TlsConfiguration::Simple {
+                ca: ca.clone(),
+                alpn: None,
+                client_auth: None,
+            },
+            // The system's trust store.
+            None => rumqttc::TlsConfiguration::default(),
+        };
+        o.set_transport(rumqttc::Transport::tls_with_config(tls));
+    }
     o
+}
+
+/// rustls needs one process-wide crypto provider; ring builds quickly and needs no C toolchain
+/// beyond cc.
+pub fn install_crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
 }
 
 /// A client id unique to this process and call: `<role>-<pid>-<n>-<random>`.
