@@ -63,6 +63,12 @@ enum Command {
     Broker(RunArgs),
     /// Load: couriers moving in a box, publishing points to the broker.
     Simulate(SimArgs),
+    /// Exit 0 when an HTTP endpoint (e.g. http://127.0.0.1:9464/readyz) answers 200: for
+    /// container health checks, with no curl in the image.
+    Health {
+        /// http://host:port/path
+        url: String,
+    },
 }
 
 #[derive(Args)]
@@ -103,6 +109,9 @@ fn main() -> std::process::ExitCode {
 
 fn real_main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Command::Health { url } = &cli.command {
+        return health(url);
+    }
     telemetry::init_logs(telemetry::LogFormat::from_env().map_err(anyhow::Error::msg)?);
     let file = match &cli.config {
         Some(p) => FileConfig::from_file(p)?,
@@ -130,6 +139,7 @@ fn real_main() -> anyhow::Result<()> {
             Command::Run(a) => (Role::All, a),
             Command::Ingest(a) => (Role::Ingest, a),
             Command::Broker(a) => (Role::Broker, a),
+            Command::Health { .. } => unreachable!("handled before the runtime starts"),
             Command::Simulate(a) => {
                 return simulate(a, config.worker_endpoint("simulator"), shutdown).await
             }
@@ -188,6 +198,32 @@ async fn simulate(
     let report = simulator::run(cfg.clone(), endpoint, stats, shutdown).await?;
     progress.abort();
     println!("{}", report.line(&cfg));
+    Ok(())
+}
+
+fn health(url: &str) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let rest = url
+        .strip_prefix("http://")
+        .context("health: expected an http:// URL")?;
+    let (hostport, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(hostport)
+        .context("health: bad address")?
+        .next()
+        .context("health: address resolves to nothing")?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .context("health: connect")?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {hostport}\r\n\r\n")?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).context("health: no answer")?;
+    anyhow::ensure!(
+        &head[9..12] == b"200",
+        "health: {url} answered {}",
+        String::from_utf8_lossy(&head[9..12])
+    );
     Ok(())
 }
 

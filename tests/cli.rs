@@ -118,6 +118,17 @@ async fn run_takes_a_point_serves_metrics_and_stops_on_sigterm() {
         assert!(Instant::now() < deadline, "no point accepted");
     };
     assert!(accepted.contains("ingest_messages_received_total"));
+    let health = |url: String| {
+        Command::new(BIN)
+            .args(["health", &url])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    };
+    assert!(health(format!("http://{metrics}/healthz")));
+    assert!(!health(format!("http://{metrics}/nothing-here")));
+    assert!(!health(format!("http://{}/healthz", free_addr())));
 
     let _ = Command::new("kill")
         .arg("-TERM")
