@@ -42,13 +42,20 @@ pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, HistoryError> {
         &[],
     )
     .await?;
-    tx.batch_execute(
-        "CREATE TABLE IF NOT EXISTS schema_migrations (
-             version    integer PRIMARY KEY,
-             name       text NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now())",
-    )
-    .await?;
+    // Checked first rather than IF NOT EXISTS, which logs a NOTICE on every start.
+    let exists: bool = tx
+        .query_one("SELECT to_regclass('schema_migrations') IS NOT NULL", &[])
+        .await?
+        .get(0);
+    if !exists {
+        tx.batch_execute(
+            "CREATE TABLE schema_migrations (
+                 version    integer PRIMARY KEY,
+                 name       text NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .await?;
+    }
     let applied: Vec<i32> = tx
         .query("SELECT version FROM schema_migrations", &[])
         .await?
