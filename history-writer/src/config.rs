@@ -25,6 +25,10 @@ pub struct HistoryConfig {
     pub days_ahead: u32,
     /// Partitions whose whole UTC day is older than this many days are dropped.
     pub retention_days: u32,
+    /// Whether this writer creates partitions ahead and drops them past retention. Off when
+    /// pg_partman (or an operator) does it; a batch hitting a day without a partition still
+    /// creates that one partition rather than losing its rows.
+    pub partition_upkeep: bool,
     /// How often partition upkeep runs (create ahead, drop past retention).
     #[serde(with = "courier_wire::duration")]
     pub upkeep_every: Duration,
@@ -55,6 +59,7 @@ impl Default for HistoryConfig {
             batch_max_age: Duration::from_secs(1),
             days_ahead: 3,
             retention_days: 30,
+            partition_upkeep: true,
             upkeep_every: Duration::from_secs(600),
             order_refresh: Duration::from_secs(1),
             retry_max_backoff: Duration::from_secs(5),
