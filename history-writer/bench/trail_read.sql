@@ -37,7 +37,7 @@ SELECT id, seq, r - interval '1 s', r, ord, lat, lon FROM (
   FROM generate_series(timestamptz '2026-10-15 00:00', timestamptz '2026-10-15 23:55', interval '5 min') t,
        generate_series(1, 10000) c WHERE c <> 42
   UNION ALL
-  SELECT 'c00042', n, timestamptz '2026-10-15' + n * interval '4 s', timestamptz '2026-10-15' + n * interval '4 s' + interval '300 ms',
+  SELECT 'c00042', n, timestamptz '2026-10-15' + n * interval '4 s' + interval '300 ms',
          'o-' || (n / 900), 24.7 + n * 1e-6, 46.7 + n * 1e-6
   FROM generate_series(0, 21599) n
 ) s ORDER BY r;
