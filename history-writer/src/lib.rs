@@ -94,6 +94,10 @@ impl Shared {
         dropped
     }
 
+    fn capacity(&self) -> usize {
+        self.lock().capacity()
+    }
+
     /// Buffered rows and the receive time of the oldest.
     fn peek(&self) -> (usize, Option<f64>) {
         let b = self.lock();

@@ -15,6 +15,33 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+/// Logs buffer drops at most every 10 s, with counts only (never a row's content).
+#[derive(Default)]
+struct DropLog {
+    pending: u64,
+    last: Option<std::time::Instant>,
+}
+
+impl DropLog {
+    fn add(&mut self, dropped: u64, capacity: usize) {
+        self.pending += dropped;
+        if self.pending == 0
+            || self
+                .last
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(10))
+        {
+            return;
+        }
+        tracing::warn!(
+            dropped = self.pending,
+            capacity,
+            "history buffer full (PostgreSQL slow or down): the oldest rows were dropped"
+        );
+        self.pending = 0;
+        self.last = Some(std::time::Instant::now());
+    }
+}
+
 /// Runs one MQTT client until `stop`, then unsubscribes and disconnects.
 pub(crate) async fn receive(
     n: usize,
@@ -37,6 +64,7 @@ pub(crate) async fn receive(
     let (mut received, mut dropped) = (0u64, 0u64);
     let mut invalid = [0u64; Refused::COUNT];
     let mut flush = tokio::time::interval(Duration::from_millis(200));
+    let mut drop_log = DropLog::default();
     loop {
         tokio::select! {
             biased;
@@ -44,6 +72,7 @@ pub(crate) async fn receive(
             _ = flush.tick() => {
                 metrics.received(&stats, received, &mut invalid);
                 metrics.dropped(&stats, DropReason::BufferFull, dropped);
+                drop_log.add(dropped, shared.capacity());
                 (received, dropped) = (0, 0);
             }
             ev = eventloop.poll() => match ev {
@@ -62,6 +91,7 @@ pub(crate) async fn receive(
                     if received >= 1024 {
                         metrics.received(&stats, received, &mut invalid);
                         metrics.dropped(&stats, DropReason::BufferFull, dropped);
+                        drop_log.add(dropped, shared.capacity());
                         (received, dropped) = (0, 0);
                     }
                 }
