@@ -761,3 +761,39 @@ async fn trail_needs_scope_and_reason_is_audited_and_is_geojson() {
     );
     s.drop().await;
 }
+
+#[test]
+fn token_support_mints_a_trail_token_and_needs_auth_keys() {
+    let bin = env!("CARGO_BIN_EXE_courier-pipeline");
+    let out = std::process::Command::new(bin)
+        .args(["token", "support", "--actor", "alice", "--ttl", "1h"])
+        .env("AUTH_KEYS", KEYS)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8(out.stdout).unwrap();
+    let claims = Keyring::parse(KEYS)
+        .unwrap()
+        .verify(token.trim(), now() as u64)
+        .unwrap();
+    assert_eq!(claims.sub, "alice");
+    assert!(claims.has_scope("trail:read"));
+    assert!(
+        (claims.exp as i64 - now() as i64 - 3600).abs() <= 5,
+        "expires in an hour"
+    );
+
+    let out = std::process::Command::new(bin)
+        .args(["token", "support", "--actor", "alice", "--ttl", "1h"])
+        .env_remove("AUTH_KEYS")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("AUTH_KEYS is not set"));
+}
