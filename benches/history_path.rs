@@ -5,7 +5,8 @@
 //! `cargo bench --bench history_path` (DATABASE_URL / REDIS_URL from the environment, else
 //! `./dev services env`). Knobs: HISTORY_BENCH_RATE (points/s, default 100000),
 //! HISTORY_BENCH_SECONDS (default 20), HISTORY_BENCH_PUBLISHERS (default 4),
-//! HISTORY_BENCH_CLIENTS (writer MQTT clients, default 1).
+//! HISTORY_BENCH_CLIENTS (writer MQTT clients, default 1), HISTORY_BENCH_WRITERS (COPY
+//! connections, default 2).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -48,6 +49,7 @@ fn main() {
     let seconds: u64 = env_or("HISTORY_BENCH_SECONDS", 20);
     let publishers: u64 = env_or("HISTORY_BENCH_PUBLISHERS", 4);
     let clients: usize = env_or("HISTORY_BENCH_CLIENTS", 1);
+    let writers: usize = env_or("HISTORY_BENCH_WRITERS", 2);
     let couriers: u64 = 10_000;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -59,7 +61,7 @@ fn main() {
         let stats = Arc::new(Stats::default());
         let shutdown = CancellationToken::new();
         let writer = HistoryWriter {
-            config: HistoryConfig { mqtt_clients: clients, ..Default::default() },
+            config: HistoryConfig { mqtt_clients: clients, writers, ..Default::default() },
             mqtt: broker.endpoint.clone(),
             database_url: schema.url.clone(),
             redis_url: services().redis_url.clone(),
@@ -72,7 +74,7 @@ fn main() {
         let st = stats.clone();
         assert!(wait_until(Duration::from_secs(15), || st.subscriptions_acked.load(Relaxed) >= clients as u64).await);
         println!(
-            "history_path: offering {rate} points/s for {seconds}s from {couriers} couriers over {publishers} publishers; writer MQTT clients {clients}; RSS before {} MiB",
+            "history_path: offering {rate} points/s for {seconds}s from {couriers} couriers over {publishers} publishers; writer MQTT clients {clients}, COPY connections {writers}; RSS before {} MiB",
             rss_kib("VmRSS:") / 1024
         );
 
@@ -141,7 +143,17 @@ fn main() {
         let p99 = st.commit_lag.quantile(0.99);
         let rss = rss_kib("VmRSS:") / 1024;
         let hwm = rss_kib("VmHWM:") / 1024;
-        // Let the last batches commit, then account for everything.
+        // Let the broker deliver what is still on its way (until nothing new arrives for 1 s),
+        // then the last batches commit; then account for everything.
+        let mut seen = st.received.load(Relaxed);
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let now = st.received.load(Relaxed);
+            if now == seen {
+                break;
+            }
+            seen = now;
+        }
         let received = st.received.load(Relaxed);
         wait_until(Duration::from_secs(15), || st.written.load(Relaxed) + st.dropped_total() + st.invalid.load(Relaxed) >= received).await;
         shutdown.cancel();
@@ -154,6 +166,12 @@ fn main() {
             written_steady as f64 / steady_secs,
             p50 * 1e3,
             p99 * 1e3,
+        );
+        let batches = st.batches.load(Relaxed).max(1);
+        println!(
+            "history_path: {batches} COPYs, mean {:.0} rows and {:.1} ms each",
+            st.written.load(Relaxed) as f64 / batches as f64,
+            st.copy_micros.load(Relaxed) as f64 / batches as f64 / 1e3
         );
         println!(
             "history_path: sent {sent}, received {}, written {}, dropped {}, invalid {}, rows in table {in_table}, broker loss alerts {}",

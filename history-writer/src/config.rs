@@ -16,6 +16,9 @@ pub struct HistoryConfig {
     /// (`history_rows_dropped_total{reason="buffer_full"}`). About 120 B per row, so the
     /// default of 1,000,000 rows is about 120 MB, or 400 s of 10,000 couriers sending every 4 s.
     pub buffer_rows: usize,
+    /// PostgreSQL connections writing batches at once (each takes the next batch from the
+    /// buffer): while one commits, another copies.
+    pub writers: usize,
     /// Most rows per COPY.
     pub batch_max: usize,
     /// A batch is written once its first row has waited this long, full or not (at most 1 s).
@@ -55,6 +58,7 @@ impl Default for HistoryConfig {
             group: "history".into(),
             mqtt_clients: 1,
             buffer_rows: 1_000_000,
+            writers: 2,
             batch_max: 20_000,
             batch_max_age: Duration::from_secs(1),
             days_ahead: 3,
@@ -90,11 +94,15 @@ impl HistoryConfig {
             ("history.mqtt_clients", self.mqtt_clients),
             ("history.buffer_rows", self.buffer_rows),
             ("history.batch_max", self.batch_max),
+            ("history.writers", self.writers),
             ("history.trail_connections", self.trail_connections),
         ] {
             if v == 0 {
                 return Err(format!("{name} must be at least 1"));
             }
+        }
+        if self.writers > 16 {
+            return Err("history.writers must be at most 16".into());
         }
         if self.batch_max > self.buffer_rows {
             return Err("history.batch_max must be at most history.buffer_rows".into());

@@ -119,6 +119,8 @@ pub struct Stats {
     pub written: AtomicU64,
     pub dropped_by_reason: [AtomicU64; 4],
     pub batches: AtomicU64,
+    /// Time spent in successful COPYs (with their commits), microseconds.
+    pub copy_micros: AtomicU64,
     /// COPY attempts that failed (the rows went back to the buffer or were dropped).
     pub copy_failures: AtomicU64,
     pub buffer_depth: AtomicU64,

@@ -193,15 +193,19 @@ impl HistoryWriter {
             self.stats.clone(),
             intake.clone(),
         ));
-        let writer = writer::Writer {
-            shared,
-            sink: sink::PgSink::new(&self.database_url),
-            config: cfg.clone(),
-            metrics,
-            stats: self.stats.clone(),
-        };
         let writer_stop = CancellationToken::new();
-        let writer_task = tokio::spawn(writer.run(writer_stop.clone()));
+        let writers = TaskTracker::new();
+        for _ in 0..cfg.writers {
+            let writer = writer::Writer {
+                shared: shared.clone(),
+                sink: sink::PgSink::new(&self.database_url),
+                config: cfg.clone(),
+                metrics: metrics.clone(),
+                stats: self.stats.clone(),
+            };
+            writers.spawn(writer.run(writer_stop.clone()));
+        }
+        writers.close();
 
         shutdown.cancelled().await;
         // Stop intake first, so that what the writer flushes is everything there will be.
@@ -209,7 +213,7 @@ impl HistoryWriter {
         tasks.close();
         tasks.wait().await;
         writer_stop.cancel();
-        let _ = writer_task.await;
+        writers.wait().await;
         Ok(())
     }
 }
