@@ -148,7 +148,10 @@ impl Writer {
                 Ok(()) => {
                     let now = unix_now();
                     self.metrics.copy_seconds.record(t0.elapsed().as_secs_f64());
-                    self.stats.copy_micros.fetch_add(t0.elapsed().as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
+                    self.stats.copy_micros.fetch_add(
+                        t0.elapsed().as_micros() as u64,
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
                     self.metrics.batch_size.record(chunk.len() as f64);
                     let lags: Vec<f64> = chunk
                         .iter()
