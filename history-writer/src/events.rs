@@ -64,7 +64,8 @@ impl LagHistogram {
     }
 
     pub fn bucket(secs: f64) -> usize {
-        if !(secs > LAG_FIRST) {
+        // NaN and anything up to the first bound land in the first bucket.
+        if secs.is_nan() || secs <= LAG_FIRST {
             return 0;
         }
         (((secs / LAG_FIRST).ln() / LAG_FACTOR.ln()).ceil() as usize).min(LAG_BUCKETS - 1)

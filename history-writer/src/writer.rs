@@ -6,6 +6,7 @@
 //!   cannot be done, the rows are dropped and counted (`no_partition`) with the days named;
 //! - PostgreSQL refusing the data itself: the batch is halved until the refused row is alone,
 //!   so only that row is dropped (`rejected`), never its good neighbours.
+//!
 //! On shutdown it writes what is buffered until `flush_deadline`, then counts the rest as
 //! dropped (`shutdown`).
 
