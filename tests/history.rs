@@ -279,6 +279,7 @@ async fn start_writer(
 ) -> RunningWriter {
     let stats = Arc::new(Stats::default());
     let shutdown = CancellationToken::new();
+    let clients = config.mqtt_clients as u64;
     let w = HistoryWriter {
         config,
         mqtt: broker.endpoint.clone(),
@@ -295,7 +296,7 @@ async fn start_writer(
         wait_until(Duration::from_secs(15), || st
             .subscriptions_acked
             .load(Relaxed)
-            >= 1)
+            >= clients)
         .await,
         "history writer did not subscribe"
     );
