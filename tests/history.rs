@@ -411,6 +411,7 @@ async fn postgres_down_and_back_every_row_is_written_or_counted_as_dropped() {
         buffer_rows: 1_500,
         batch_max: 200,
         retry_max_backoff: Duration::from_millis(300),
+        flush_deadline: Duration::from_secs(1),
         ..writer_config()
     };
     let w = start_writer(
@@ -537,7 +538,39 @@ async fn postgres_down_and_back_every_row_is_written_or_counted_as_dropped() {
         3_000 - first_after_gap + 1,
         "no hole after the dropped oldest rows"
     );
+
+    // Down again at shutdown: the flush gives up at its deadline and counts what it could not write.
+    pg.stop();
+    for s in send(100) {
+        publish(
+            &pubc,
+            &loc_topic("p1"),
+            point("p1", 24.7, 46.6, t0 + s as f64 * 0.01, s),
+        )
+        .await;
+    }
+    let target = st.received.load(Relaxed) + 100;
+    assert!(
+        wait_until(Duration::from_secs(10), || st.received.load(Relaxed)
+            >= target)
+        .await
+    );
+    let t = std::time::Instant::now();
     w.stop().await;
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "flush_deadline (1s) bounds the shutdown: {:?}",
+        t.elapsed()
+    );
+    assert!(
+        st.dropped(DropReason::Shutdown) >= 100,
+        "counted as dropped at shutdown: {}",
+        st.dropped(DropReason::Shutdown)
+    );
+    assert_eq!(
+        st.written.load(Relaxed) + st.dropped_total(),
+        st.received.load(Relaxed)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
