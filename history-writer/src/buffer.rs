@@ -5,6 +5,9 @@
 
 use std::collections::VecDeque;
 
+/// Queue slots kept allocated however empty the buffer gets.
+const KEEP_CAPACITY: usize = 65_536;
+
 /// A FIFO of at most `capacity` items that drops from the front when full.
 #[derive(Debug)]
 pub struct Bounded<T> {
@@ -55,7 +58,15 @@ impl<T> Bounded<T> {
     /// Takes up to `max` of the oldest items.
     pub fn take(&mut self, max: usize) -> Vec<T> {
         let n = max.min(self.items.len());
-        self.items.drain(..n).collect()
+        let batch = self.items.drain(..n).collect();
+        // After an outage the queue may have grown to its bound; give the memory back once it
+        // has drained well below that (rarely: only when under a quarter is in use).
+        let cap = self.items.capacity();
+        if cap > KEEP_CAPACITY && self.items.len() < cap / 4 {
+            self.items
+                .shrink_to((self.items.len() * 2).max(KEEP_CAPACITY));
+        }
+        batch
     }
 
     /// Puts a batch that could not be written back at the front, in its order; if that
@@ -104,6 +115,21 @@ mod tests {
         assert_eq!(b.requeue(batch), 2);
         assert_eq!(b.take(10), vec![2, 3, 4, 5]);
         assert_eq!(b.dropped(), 2);
+    }
+
+    #[test]
+    fn memory_is_given_back_after_a_drain() {
+        let mut b = Bounded::new(1_000_000);
+        for i in 0..500_000u64 {
+            b.push(i);
+        }
+        assert!(b.items.capacity() >= 500_000);
+        while !b.take(20_000).is_empty() {}
+        assert!(
+            b.items.capacity() <= 2 * KEEP_CAPACITY,
+            "{}",
+            b.items.capacity()
+        );
     }
 
     #[derive(Debug, Clone)]

@@ -104,7 +104,9 @@ impl Writer {
     async fn flush(&mut self, mut backoff: Backoff) {
         let deadline = Instant::now() + self.config.flush_deadline;
         let pending = self.shared.peek().0;
-        tracing::info!(rows = pending, deadline = ?self.config.flush_deadline, "history: flushing the buffer");
+        if pending > 0 {
+            tracing::info!(rows = pending, deadline = ?self.config.flush_deadline, "history: flushing the buffer");
+        }
         loop {
             let batch = self.shared.take(self.config.batch_max);
             if batch.is_empty() {
