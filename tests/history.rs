@@ -843,3 +843,66 @@ fn token_support_mints_a_trail_token_and_needs_auth_keys() {
     assert!(out.stdout.is_empty());
     assert!(String::from_utf8_lossy(&out.stderr).contains("AUTH_KEYS is not set"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_postgres_refuses_is_dropped_alone_not_its_batch() {
+    let broker = start_broker(BrokerKind::Embedded);
+    let s = pg_schema().await;
+    let admin = migrated(&s.url).await;
+    // A rule the rows cannot know about: PostgreSQL refuses seq 13 (SQLSTATE 23514).
+    admin
+        .batch_execute("ALTER TABLE courier_points ADD CONSTRAINT no_thirteen CHECK (seq <> 13)")
+        .await
+        .unwrap();
+    let config = HistoryConfig {
+        batch_max_age: Duration::from_millis(500),
+        ..writer_config()
+    };
+    let w = start_writer(
+        &broker,
+        &s.url,
+        Keys::with_prefix(&prefix()),
+        config,
+        history_writer::system_clock(),
+    )
+    .await;
+    let (pubc, _h) = client(&broker.endpoint, None).await;
+    for seq in 1..=40u64 {
+        publish(
+            &pubc,
+            &loc_topic("r1"),
+            point("r1", 24.7, 46.6, now() - 5.0, seq),
+        )
+        .await;
+    }
+    let st = w.stats.clone();
+    assert!(
+        wait_until(Duration::from_secs(15), || st.written.load(Relaxed)
+            + st.dropped_total()
+            >= st.received.load(Relaxed)
+            && st.received.load(Relaxed) >= 40)
+        .await
+    );
+    assert!(
+        st.dropped(DropReason::Rejected) >= 1,
+        "the refused row is counted"
+    );
+    let seqs: Vec<i64> = admin
+        .query("SELECT DISTINCT seq FROM courier_points ORDER BY 1", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        seqs,
+        (1..=40).filter(|s| *s != 13).collect::<Vec<i64>>(),
+        "its 39 neighbours are written"
+    );
+    assert_eq!(
+        st.written.load(Relaxed) + st.dropped_total(),
+        st.received.load(Relaxed)
+    );
+    w.stop().await;
+    s.drop().await;
+}
