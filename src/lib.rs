@@ -1,5 +1,6 @@
 //! courier-pipeline: the process. It reads the configuration, starts the roles a command asks
-//! for (embedded broker, ingest, history writer and trail API; fanout comes later) and stops them in order.
+//! for (embedded broker, ingest, history writer and trail API; fanout comes later) and stops
+//! them in order.
 //!
 //! ```text
 //! courier phone --couriers/<id>/loc--> broker (embedded rumqttd or external)

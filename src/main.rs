@@ -9,11 +9,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
-#[command(
-    name = "courier-pipeline",
-    version,
-    about = "Live courier locations: MQTT in, Redis GEO and order tracks out"
-)]
+#[command(name = "courier-pipeline", version, about = "Live courier locations: MQTT in, Redis GEO and order tracks out")]
 struct Cli {
     /// TOML configuration file (see README, "Configuration").
     #[arg(long, global = true, env = "COURIER_CONFIG")]
@@ -130,14 +126,10 @@ fn main() -> anyhow::Result<()> {
             Command::Broker(a) => (Role::Broker, a),
             Command::HistoryWriter(a) => (Role::History, a),
             Command::Migrate => return migrate(&config.database_url).await,
-            Command::Token(TokenCommand::Support { actor, ttl }) => {
-                return support_token(config.auth.as_ref(), &actor, ttl)
-            }
+            Command::Token(TokenCommand::Support { actor, ttl }) => return support_token(config.auth.as_ref(), &actor, ttl),
             Command::Simulate(a) => return simulate(a, config.broker.endpoint(), shutdown).await,
         };
-        let opts = RunOptions {
-            status_every: opts.status_every,
-        };
+        let opts = RunOptions { status_every: opts.status_every };
         let task = tokio::spawn(app::run(config, role, opts, shutdown.clone()));
         tokio::pin!(task);
         tokio::select! {
@@ -151,18 +143,12 @@ fn main() -> anyhow::Result<()> {
                 tracing::info!("stopped cleanly");
                 Ok(())
             }
-            Err(_) => {
-                anyhow::bail!("shutdown took longer than {grace:?}; exiting with work undone")
-            }
+            Err(_) => anyhow::bail!("shutdown took longer than {grace:?}; exiting with work undone"),
         }
     })
 }
 
-async fn simulate(
-    a: SimArgs,
-    endpoint: courier_wire::MqttEndpoint,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+async fn simulate(a: SimArgs, endpoint: courier_wire::MqttEndpoint, shutdown: CancellationToken) -> anyhow::Result<()> {
     anyhow::ensure!(a.interval > 0.0, "--interval must be above 0");
     let cfg = simulator::SimConfig {
         couriers: a.couriers,
@@ -205,11 +191,7 @@ async fn migrate(url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn support_token(
-    keys: Option<&courier_auth::Keyring>,
-    actor: &str,
-    ttl: Duration,
-) -> anyhow::Result<()> {
+fn support_token(keys: Option<&courier_auth::Keyring>, actor: &str, ttl: Duration) -> anyhow::Result<()> {
     let keys = keys.context("AUTH_KEYS is not set: tokens are signed with it (kid:secret, a secret of at least 16 bytes)")?;
     anyhow::ensure!(
         !actor.trim().is_empty() && actor.len() <= 128 && !actor.chars().any(char::is_control),
