@@ -5,6 +5,7 @@
 use crate::broker::{self, BrokerError, CURSOR_JUMPS};
 use crate::config::{Broker, Config};
 use crate::telemetry;
+use history_writer::{HistoryError, HistoryWriter, Trail};
 use ingest::{Ingest, IngestError, Stats};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
@@ -20,6 +21,8 @@ pub enum Role {
     All,
     Ingest,
     Broker,
+    /// The history writer and the trail API.
+    History,
 }
 
 impl Role {
@@ -35,6 +38,12 @@ pub enum AppError {
     Broker(#[from] BrokerError),
     #[error(transparent)]
     Ingest(#[from] IngestError),
+    #[error("history: {0}")]
+    History(#[from] HistoryError),
+    #[error(
+        "AUTH_KEYS is not set: the trail API of the history role checks tokens signed with it"
+    )]
+    NoAuthKeys,
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         what: &'static str,
@@ -119,12 +128,40 @@ pub async fn run(
     }
 
     let stats = Arc::new(Stats::default());
+    let history_stats = Arc::new(history_writer::Stats::default());
     if let Some(every) = opts.status_every {
-        tokio::spawn(status_line(stats.clone(), every, shutdown.clone()));
+        let history = role.runs(Role::History).then(|| history_stats.clone());
+        tokio::spawn(status_line(stats.clone(), history, every, shutdown.clone()));
     }
 
     let mut roles: JoinSet<Result<(), AppError>> = JoinSet::new();
-    let routes: Vec<axum::Router> = Vec::new();
+    let mut routes: Vec<axum::Router> = Vec::new();
+    if role.runs(Role::History) {
+        let keyring = config.auth.clone().ok_or(AppError::NoAuthKeys)?;
+        let clock = history_writer::system_clock();
+        routes.push(
+            Trail::new(
+                &config.database_url,
+                keyring,
+                &config.history,
+                clock.clone(),
+            )
+            .router(),
+        );
+        let writer = HistoryWriter {
+            config: config.history.clone(),
+            mqtt: config.worker_endpoint("history"),
+            database_url: config.database_url.clone(),
+            redis_url: config.redis_url.clone(),
+            keys: config.keys.clone(),
+            validation: config.ingest.validation(),
+            stats: history_stats,
+            clock,
+        };
+        tracing::info!(group = %config.history.group, "history writer starting");
+        let stop = shutdown.clone();
+        roles.spawn(async move { Ok(writer.run(stop).await?) });
+    }
     if role.runs(Role::Ingest) {
         let ingest = Ingest {
             config: config.ingest.clone(),
@@ -175,7 +212,12 @@ pub async fn run(
 }
 
 /// One line per period: rates and totals, no coordinates.
-async fn status_line(stats: Arc<Stats>, every: Duration, shutdown: CancellationToken) {
+async fn status_line(
+    stats: Arc<Stats>,
+    history: Option<Arc<history_writer::Stats>>,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
     let mut tick = tokio::time::interval(every);
     let mut last = 0u64;
     loop {
@@ -184,8 +226,16 @@ async fn status_line(stats: Arc<Stats>, every: Duration, shutdown: CancellationT
             _ = tick.tick() => {}
         }
         let received = stats.received.load(Relaxed);
+        let history = history.as_ref().map_or(String::new(), |h| {
+            format!(
+                " | history written {} dropped {} buffered {}",
+                h.written.load(Relaxed),
+                h.dropped_total(),
+                h.buffer_depth.load(Relaxed)
+            )
+        });
         println!(
-            "status: in {:>7.0}/s | accepted {} stale {} invalid {} | tracks {} | queue drops {} | redis errors {} | evicted {} | broker loss alerts {}",
+            "status: in {:>7.0}/s | accepted {} stale {} invalid {} | tracks {} | queue drops {} | redis errors {} | evicted {} | broker loss alerts {}{history}",
             (received - last) as f64 / every.as_secs_f64(),
             stats.accepted.load(Relaxed),
             stats.stale.load(Relaxed),

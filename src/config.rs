@@ -2,6 +2,7 @@
 //! validated once at start-up into real types. A bad setting is one error naming it.
 
 use courier_wire::{Keys, MqttEndpoint};
+use history_writer::HistoryConfig;
 use ingest::IngestConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -19,6 +20,7 @@ pub struct FileConfig {
     pub http: HttpSection,
     pub auth: AuthSection,
     pub ingest: IngestConfig,
+    pub history: HistoryConfig,
     /// How long shutdown may take (drain queues, flush the last batch) before the process exits.
     #[serde(with = "courier_wire::duration")]
     pub shutdown_grace: Duration,
@@ -34,6 +36,7 @@ impl Default for FileConfig {
             http: HttpSection::default(),
             auth: AuthSection::default(),
             ingest: IngestConfig::default(),
+            history: HistoryConfig::default(),
             shutdown_grace: Duration::from_secs(10),
         }
     }
@@ -209,6 +212,7 @@ pub struct Config {
     /// Token keys; `None` when not configured.
     pub auth: Option<courier_auth::Keyring>,
     pub ingest: IngestConfig,
+    pub history: HistoryConfig,
     pub shutdown_grace: Duration,
 }
 
@@ -370,6 +374,10 @@ impl FileConfig {
             let (setting, reason) = e.split_once(' ').unwrap_or((e.as_str(), ""));
             err(setting, reason)
         })?;
+        self.history.validate(&self.ingest.group).map_err(|e| {
+            let (setting, reason) = e.split_once(' ').unwrap_or((e.as_str(), ""));
+            err(setting, reason)
+        })?;
         Ok(Config {
             broker,
             redis_url: self.redis.url,
@@ -380,6 +388,7 @@ impl FileConfig {
             ws_listen,
             auth,
             ingest: self.ingest,
+            history: self.history,
             shutdown_grace: self.shutdown_grace,
         })
     }
@@ -531,5 +540,21 @@ mod tests {
             .resolve(keys())
             .unwrap_err();
         assert_eq!(e.setting, "ingest.workers");
+        let e = FileConfig::from_toml("[history]\ngroup = \"ingest\"\n")
+            .unwrap()
+            .resolve(Overrides::default())
+            .unwrap_err();
+        assert_eq!(e.setting, "history.group");
+        let c = FileConfig::from_toml(
+            "[history]\nretention_days = 7\nbuffer_rows = 1000\nbatch_max = 100\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.resolve(Overrides::default())
+                .unwrap()
+                .history
+                .retention_days,
+            7
+        );
     }
 }

@@ -61,6 +61,14 @@ enum Command {
     Ingest(RunArgs),
     /// The embedded broker alone.
     Broker(RunArgs),
+    /// The history writer (MQTT -> PostgreSQL) and the trail API on HTTP_LISTEN.
+    #[command(name = "history-writer")]
+    HistoryWriter(RunArgs),
+    /// Applies the missing PostgreSQL migrations (sql/) to DATABASE_URL.
+    Migrate,
+    /// Mints a signed token with AUTH_KEYS.
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Load: couriers moving in a box, publishing points to the broker.
     Simulate(SimArgs),
     /// Exit 0 when an HTTP endpoint (e.g. http://127.0.0.1:9464/readyz) answers 200: for
@@ -68,6 +76,19 @@ enum Command {
     Health {
         /// http://host:port/path
         url: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// A support token with the `trail:read` scope, printed on stdout.
+    Support {
+        /// Who will use it; recorded in trail_access_log.
+        #[arg(long)]
+        actor: String,
+        /// How long it is valid, e.g. `1h`, `30m`.
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        ttl: Duration,
     },
 }
 
@@ -139,6 +160,11 @@ fn real_main() -> anyhow::Result<()> {
             Command::Run(a) => (Role::All, a),
             Command::Ingest(a) => (Role::Ingest, a),
             Command::Broker(a) => (Role::Broker, a),
+            Command::HistoryWriter(a) => (Role::History, a),
+            Command::Migrate => return migrate(&config.database_url).await,
+            Command::Token(TokenCommand::Support { actor, ttl }) => {
+                return support_token(config.auth.as_ref(), &actor, ttl)
+            }
             Command::Health { .. } => unreachable!("handled before the runtime starts"),
             Command::Simulate(a) => {
                 return simulate(a, config.worker_endpoint("simulator"), shutdown).await
@@ -224,6 +250,42 @@ fn health(url: &str) -> anyhow::Result<()> {
         "health: {url} answered {}",
         String::from_utf8_lossy(&head[9..12])
     );
+    Ok(())
+}
+
+async fn migrate(url: &str) -> anyhow::Result<()> {
+    let mut client = history_writer::sink::connect(url, "courier-pipeline-migrate")
+        .await
+        .context("connecting to DATABASE_URL")?;
+    let applied = history_writer::migrate(&mut client).await?;
+    if applied.is_empty() {
+        println!("migrations: up to date");
+    } else {
+        println!("migrations: applied {applied:?}");
+    }
+    Ok(())
+}
+
+fn support_token(
+    keys: Option<&courier_auth::Keyring>,
+    actor: &str,
+    ttl: Duration,
+) -> anyhow::Result<()> {
+    let keys = keys.context("AUTH_KEYS is not set: tokens are signed with it (kid:secret, a secret of at least 16 bytes)")?;
+    anyhow::ensure!(
+        !actor.trim().is_empty() && actor.len() <= 128 && !actor.chars().any(char::is_control),
+        "--actor must be a name of 1-128 printable characters"
+    );
+    anyhow::ensure!(ttl >= Duration::from_secs(1), "--ttl must be at least 1s");
+    let now = courier_wire::clock::unix_now() as u64;
+    let claims = courier_auth::Claims {
+        sub: actor.trim().to_string(),
+        scope: history_writer::TRAIL_SCOPE.to_string(),
+        order: None,
+        iat: now,
+        exp: now + ttl.as_secs(),
+    };
+    println!("{}", keys.sign(&claims));
     Ok(())
 }
 

@@ -54,6 +54,12 @@ pub fn install_recorder() -> PrometheusHandle {
                         m::BATCH_BUCKETS,
                     )
                 })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(m::HISTORY_BATCH_SIZE.into()),
+                        m::HISTORY_BATCH_BUCKETS,
+                    )
+                })
                 .expect("bucket lists are non-empty constants");
             let recorder = builder.build_recorder();
             let handle = recorder.handle();

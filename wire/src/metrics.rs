@@ -36,9 +36,38 @@ pub const BROKER_LOGINS: &str = "broker_logins_total";
 /// Counter: other alerts of the embedded broker.
 pub const BROKER_ALERTS_OTHER: &str = "broker_alerts_other_total";
 
+/// Counter: messages the history source received on `couriers/+/loc`.
+pub const HISTORY_ROWS_RECEIVED: &str = "history_rows_received_total";
+/// Counter: rows committed to `courier_points`.
+pub const HISTORY_ROWS_WRITTEN: &str = "history_rows_written_total";
+/// Counter, label `reason`: buffer_full (the oldest made room), no_partition (a day whose
+/// partition could not be created), rejected (PostgreSQL refused the row itself), shutdown
+/// (not flushed within the deadline).
+pub const HISTORY_ROWS_DROPPED: &str = "history_rows_dropped_total";
+/// Counter, label `reason`: one of [`crate::Invalid::reason`], or bad_topic.
+pub const HISTORY_INVALID: &str = "history_invalid_total";
+/// Gauge: rows waiting in the history buffer.
+pub const HISTORY_BUFFER_DEPTH: &str = "history_buffer_depth";
+/// Histogram: rows per COPY.
+pub const HISTORY_BATCH_SIZE: &str = "history_batch_size";
+/// Histogram, seconds: one COPY and its commit.
+pub const HISTORY_COPY_SECONDS: &str = "history_copy_seconds";
+/// Histogram, seconds: from a row's receipt to the commit that made it durable.
+pub const HISTORY_COMMIT_LAG_SECONDS: &str = "history_commit_lag_seconds";
+/// Counter: day partitions created (ahead, or on demand for a batch).
+pub const HISTORY_PARTITIONS_CREATED: &str = "history_partitions_created_total";
+/// Counter: day partitions dropped past retention.
+pub const HISTORY_PARTITIONS_DROPPED: &str = "history_partitions_dropped_total";
+/// Counter, label `result`: ok | unauthorized | forbidden | bad_request | error. Trail API requests.
+pub const TRAIL_REQUESTS: &str = "trail_requests_total";
+
 /// Histogram buckets for the batch script round trip and phone lag (seconds).
 pub const SECONDS_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 /// Histogram buckets for batch sizes.
 pub const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0];
+/// Histogram buckets for history COPY sizes.
+pub const HISTORY_BATCH_BUCKETS: &[f64] = &[
+    1.0, 10.0, 100.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 20000.0, 50000.0,
+];

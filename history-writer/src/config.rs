@@ -1,0 +1,186 @@
+//! Settings of the history role (`[history]` in the config file).
+
+use serde::Deserialize;
+use std::time::Duration;
+
+/// History settings as read from the file, with defaults for everything.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct HistoryConfig {
+    /// Shared-subscription group of the point stream (`$share/<group>/couriers/+/loc`). Never
+    /// the ingest group: a group shares its messages out, so history would get only a part.
+    pub group: String,
+    /// MQTT clients of this process in the group, all feeding one buffer.
+    pub mqtt_clients: usize,
+    /// Rows waiting for PostgreSQL. When full, the OLDEST rows are dropped and counted
+    /// (`history_rows_dropped_total{reason="buffer_full"}`). About 110 B per row (72 B in the
+    /// queue plus the courier id's allocation), so the default of 1,000,000 rows is about 110 MB,
+    /// or 400 s of 10,000 couriers sending every 4 s.
+    pub buffer_rows: usize,
+    /// PostgreSQL connections writing batches at once (each takes the next batch from the
+    /// buffer): while one commits, another copies.
+    pub writers: usize,
+    /// Most rows per COPY.
+    pub batch_max: usize,
+    /// A batch is written once its first row has waited this long, full or not (at most 1 s).
+    #[serde(with = "courier_wire::duration")]
+    pub batch_max_age: Duration,
+    /// Partitions exist for today and this many days ahead.
+    pub days_ahead: u32,
+    /// Partitions whose whole UTC day is older than this many days are dropped.
+    pub retention_days: u32,
+    /// Whether this writer creates partitions ahead and drops them past retention. Off when
+    /// pg_partman (or an operator) does it; a batch hitting a day without a partition still
+    /// creates that one partition rather than losing its rows.
+    pub partition_upkeep: bool,
+    /// How often partition upkeep runs (create ahead, drop past retention).
+    #[serde(with = "courier_wire::duration")]
+    pub upkeep_every: Duration,
+    /// How often the `courier:order` snapshot is refreshed from Redis (at most 1 s).
+    #[serde(with = "courier_wire::duration")]
+    pub order_refresh: Duration,
+    /// Longest wait between two attempts while PostgreSQL is down (backoff doubles up to it).
+    #[serde(with = "courier_wire::duration")]
+    pub retry_max_backoff: Duration,
+    /// On shutdown, how long the buffer may take to flush; what is left is counted as dropped
+    /// (`reason="shutdown"`).
+    #[serde(with = "courier_wire::duration")]
+    pub flush_deadline: Duration,
+    /// Longest trail window one request may read.
+    #[serde(with = "courier_wire::duration")]
+    pub trail_max_window: Duration,
+    /// PostgreSQL connections the trail API keeps (and requests it serves at once).
+    pub trail_connections: usize,
+}
+
+impl Default for HistoryConfig {
+    fn default() -> Self {
+        HistoryConfig {
+            group: "history".into(),
+            mqtt_clients: 1,
+            buffer_rows: 1_000_000,
+            writers: 2,
+            batch_max: 20_000,
+            batch_max_age: Duration::from_secs(1),
+            days_ahead: 3,
+            retention_days: 30,
+            partition_upkeep: true,
+            upkeep_every: Duration::from_secs(600),
+            order_refresh: Duration::from_secs(1),
+            retry_max_backoff: Duration::from_secs(5),
+            flush_deadline: Duration::from_secs(5),
+            trail_max_window: Duration::from_secs(24 * 3600),
+            trail_connections: 4,
+        }
+    }
+}
+
+impl HistoryConfig {
+    /// Checks the settings once at start-up; the error starts with the setting's name.
+    pub fn validate(&self, ingest_group: &str) -> Result<(), String> {
+        let group_ok = courier_wire::topic::valid_id(&self.group) && !self.group.contains(':');
+        if !group_ok {
+            return Err(format!(
+                "history.group {:?} is not a valid group name",
+                self.group
+            ));
+        }
+        if self.group == ingest_group {
+            return Err(format!(
+                "history.group {:?} must differ from ingest.group: one group shares its points out between its members",
+                self.group
+            ));
+        }
+        for (name, v) in [
+            ("history.mqtt_clients", self.mqtt_clients),
+            ("history.buffer_rows", self.buffer_rows),
+            ("history.batch_max", self.batch_max),
+            ("history.writers", self.writers),
+            ("history.trail_connections", self.trail_connections),
+        ] {
+            if v == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        if self.writers > 16 {
+            return Err("history.writers must be at most 16".into());
+        }
+        if self.batch_max > self.buffer_rows {
+            return Err("history.batch_max must be at most history.buffer_rows".into());
+        }
+        let second = Duration::from_secs(1);
+        if self.batch_max_age.is_zero() || self.batch_max_age > second {
+            return Err("history.batch_max_age must be above 0 and at most 1s".into());
+        }
+        if self.order_refresh.is_zero() || self.order_refresh > second {
+            return Err("history.order_refresh must be above 0 and at most 1s".into());
+        }
+        if self.retention_days == 0 {
+            return Err("history.retention_days must be at least 1".into());
+        }
+        if self.days_ahead > 60 {
+            return Err("history.days_ahead must be at most 60".into());
+        }
+        if self.upkeep_every < second || self.upkeep_every > Duration::from_secs(6 * 3600) {
+            return Err("history.upkeep_every must be between 1s and 6h".into());
+        }
+        if self.retry_max_backoff < Duration::from_millis(10) {
+            return Err("history.retry_max_backoff must be at least 10ms".into());
+        }
+        if self.trail_max_window < Duration::from_secs(60) {
+            return Err("history.trail_max_window must be at least 1m".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        HistoryConfig::default().validate("ingest").unwrap();
+    }
+
+    #[test]
+    fn bad_settings_name_themselves() {
+        let c = HistoryConfig::default();
+        assert!(c
+            .validate("history")
+            .unwrap_err()
+            .starts_with("history.group"));
+        let c = HistoryConfig {
+            buffer_rows: 0,
+            ..Default::default()
+        };
+        assert!(c
+            .validate("ingest")
+            .unwrap_err()
+            .starts_with("history.buffer_rows"));
+        let c = HistoryConfig {
+            batch_max_age: Duration::from_secs(2),
+            ..Default::default()
+        };
+        assert!(c
+            .validate("ingest")
+            .unwrap_err()
+            .starts_with("history.batch_max_age"));
+        let c = HistoryConfig {
+            retention_days: 0,
+            ..Default::default()
+        };
+        assert!(c
+            .validate("ingest")
+            .unwrap_err()
+            .starts_with("history.retention_days"));
+        let c = HistoryConfig {
+            group: "a+b".into(),
+            ..Default::default()
+        };
+        assert!(c
+            .validate("ingest")
+            .unwrap_err()
+            .starts_with("history.group"));
+    }
+}

@@ -1,0 +1,908 @@
+//! The history path against real PostgreSQL (each test in a fresh schema of its own, through
+//! the connection's search_path; the outage test on a throwaway cluster it starts and stops),
+//! real Redis and a real broker over real sockets.
+
+mod support;
+
+use courier_auth::{Claims, Keyring};
+use courier_wire::{loc_topic, Keys, Validation};
+use history_writer::partitions::{self, day_of};
+use history_writer::rows::Row;
+use history_writer::sink::PgSink;
+use history_writer::{DropReason, HistoryConfig, HistoryWriter, Stats, Trail};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+use support::*;
+use tokio_util::sync::CancellationToken;
+
+/// 2026-11-30 00:00:00Z
+const NOV30: f64 = 1_795_996_800.0;
+const DAY: f64 = 86_400.0;
+
+fn now() -> f64 {
+    courier_wire::clock::unix_now()
+}
+
+fn row(courier: &str, seq: i64, phone_ts: f64, received_at: f64, order: Option<&str>) -> Row {
+    Row {
+        courier_id: courier.into(),
+        seq,
+        phone_ts,
+        received_at,
+        order_id: order.map(Into::into),
+        lat: 24.6 + seq as f64 * 0.001,
+        lon: 46.6 + seq as f64 * 0.002,
+    }
+}
+
+async fn migrated(url: &str) -> tokio_postgres::Client {
+    let mut c = pg_connect(url).await;
+    history_writer::migrate(&mut c).await.unwrap();
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_apply_once_even_twice_in_a_row_and_concurrently() {
+    let s = pg_schema().await;
+    let mut c = pg_connect(&s.url).await;
+    assert_eq!(history_writer::migrate(&mut c).await.unwrap(), vec![1, 2]);
+    assert_eq!(
+        history_writer::migrate(&mut c).await.unwrap(),
+        Vec::<i32>::new(),
+        "second run applies nothing"
+    );
+    let n: i64 = c
+        .query_one("SELECT count(*) FROM schema_migrations", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 2);
+    s.drop().await;
+
+    // Two writers starting together on an empty schema: one applies, the other waits and
+    // finds everything applied.
+    let s = pg_schema().await;
+    let (mut a, mut b) = (pg_connect(&s.url).await, pg_connect(&s.url).await);
+    let (ra, rb) = tokio::join!(
+        history_writer::migrate(&mut a),
+        history_writer::migrate(&mut b)
+    );
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    let mut all = [ra.clone(), rb.clone()].concat();
+    all.sort();
+    assert_eq!(
+        all,
+        vec![1, 2],
+        "each migration applied exactly once: {ra:?} {rb:?}"
+    );
+    let kind: String = a
+        .query_one("SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relname = 'courier_points' AND n.nspname = $1", &[&s.name])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        kind, "p",
+        "courier_points is a partitioned table in the test's schema"
+    );
+    s.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_lands_each_row_in_its_utc_day_and_a_missing_day_is_reported() {
+    let s = pg_schema().await;
+    let mut admin = migrated(&s.url).await;
+    let out = partitions::upkeep(&mut admin, NOV30 + 12.0 * 3600.0, 3, 30)
+        .await
+        .unwrap();
+    assert_eq!(
+        out.created,
+        [
+            "courier_points_p20261130",
+            "courier_points_p20261201",
+            "courier_points_p20261202",
+            "courier_points_p20261203"
+        ]
+    );
+
+    let mut sink = PgSink::new(&s.url);
+    let last_micro = NOV30 + DAY - 0.000_001;
+    let rows = vec![
+        row("c1", 1, NOV30 - 5.0, NOV30, Some("o1")), // first instant of Nov 30
+        row("c1", 2, NOV30 + 10.0, last_micro, None), // last microsecond of Nov 30
+        row("c1", 3, NOV30 + DAY - 2.0, NOV30 + DAY, None), // first instant of Dec 1
+        row("c1", 4, NOV30 + 1.5 * DAY, NOV30 + 1.5 * DAY, Some("o2")),
+    ];
+    sink.copy(&rows).await.unwrap();
+    let got = admin
+        .query(
+            "SELECT seq, tableoid::regclass::text, extract(epoch FROM received_at)::float8, extract(epoch FROM phone_ts)::float8, order_id, lat, lon \
+             FROM courier_points ORDER BY seq",
+            &[],
+        )
+        .await
+        .unwrap();
+    let parts: Vec<(i64, String)> = got.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        parts,
+        [
+            (1, "courier_points_p20261130".to_string()),
+            (2, "courier_points_p20261130".to_string()),
+            (3, "courier_points_p20261201".to_string()),
+            (4, "courier_points_p20261201".to_string()),
+        ]
+    );
+    for (r, want) in got.iter().zip(&rows) {
+        assert!((r.get::<_, f64>(2) - want.received_at).abs() < 1e-6);
+        assert!((r.get::<_, f64>(3) - want.phone_ts).abs() < 1e-6);
+        assert_eq!(
+            r.get::<_, Option<String>>(4).as_deref(),
+            want.order_id.as_deref()
+        );
+        assert_eq!(
+            (r.get::<_, f64>(5), r.get::<_, f64>(6)),
+            (want.lat, want.lon)
+        );
+    }
+
+    // A day without a partition refuses the whole COPY (nothing of it is written), and the
+    // error says so precisely; creating the day's partition mends it.
+    let far = NOV30 + 10.0 * DAY;
+    let e = sink
+        .copy(&[
+            row("c1", 5, far, NOV30 + DAY, None),
+            row("c1", 6, far, far, None),
+        ])
+        .await
+        .unwrap_err();
+    assert!(e.is_no_partition(), "{e}");
+    assert!(
+        !e.to_string().contains("24.6"),
+        "no coordinates in errors: {e}"
+    );
+    let n: i64 = admin
+        .query_one("SELECT count(*) FROM courier_points", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 4);
+    let created = partitions::ensure_days(&mut admin, &[day_of(far)])
+        .await
+        .unwrap();
+    assert_eq!(created, ["courier_points_p20261210"]);
+    sink.copy(&[
+        row("c1", 5, far, NOV30 + DAY, None),
+        row("c1", 6, far, far, None),
+    ])
+    .await
+    .unwrap();
+    let n: i64 = admin
+        .query_one("SELECT count(*) FROM courier_points", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 6);
+    s.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upkeep_creates_ahead_and_drops_whole_days_past_retention() {
+    let s = pg_schema().await;
+    let mut admin = migrated(&s.url).await;
+    let nov1 = NOV30 - 29.0 * DAY;
+    let out = partitions::upkeep(&mut admin, nov1 + 3600.0, 3, 30)
+        .await
+        .unwrap();
+    assert_eq!(out.created.len(), 4);
+    assert!(out.dropped.is_empty());
+    let mut sink = PgSink::new(&s.url);
+    sink.copy(&[
+        row("c1", 1, nov1, nov1 + 60.0, None),
+        row("c1", 2, nov1 + DAY, nov1 + DAY + 60.0, None),
+    ])
+    .await
+    .unwrap();
+
+    // Days later, with the clock moved: the days ahead appear, nothing is young enough to go.
+    let out = partitions::upkeep(&mut admin, NOV30, 3, 30).await.unwrap();
+    assert_eq!(
+        out.created.first().map(String::as_str),
+        Some("courier_points_p20261130")
+    );
+    assert_eq!(out.created.len(), 4);
+    assert!(out.dropped.is_empty());
+    // Nov 1 ended Nov 2 00:00; 30 days later is Dec 2 00:00. A second before: kept.
+    let dec2 = NOV30 + 2.0 * DAY;
+    let out = partitions::upkeep(&mut admin, dec2 - 1.0, 3, 30)
+        .await
+        .unwrap();
+    assert!(out.dropped.is_empty(), "{out:?}");
+    // Two writers doing upkeep at the same moment: one drops, neither fails.
+    let mut other = pg_connect(&s.url).await;
+    let (a, b) = tokio::join!(
+        partitions::upkeep(&mut admin, dec2, 3, 30),
+        partitions::upkeep(&mut other, dec2, 3, 30)
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let dropped = [a.dropped.clone(), b.dropped.clone()].concat();
+    assert_eq!(dropped, ["courier_points_p20261101"], "{a:?} {b:?}");
+    let have = partitions::existing(&admin).await.unwrap();
+    assert!(!have.contains(&"courier_points_p20261101".to_string()));
+    assert!(have.contains(&"courier_points_p20261102".to_string()));
+    assert!(
+        have.contains(&"courier_points_p20261205".to_string()),
+        "{have:?}"
+    );
+    // The rows of the dropped day are gone with it; the next day's stay.
+    let seqs: Vec<i64> = admin
+        .query("SELECT seq FROM courier_points", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(seqs, [2]);
+    s.drop().await;
+}
+
+fn writer_config() -> HistoryConfig {
+    HistoryConfig {
+        batch_max_age: Duration::from_millis(100),
+        order_refresh: Duration::from_millis(200),
+        ..Default::default()
+    }
+}
+
+struct RunningWriter {
+    stats: Arc<Stats>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), history_writer::HistoryError>>,
+}
+
+impl RunningWriter {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(15), self.task)
+            .await
+            .expect("writer did not stop")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+async fn start_writer(
+    broker: &TestBroker,
+    url: &str,
+    keys: Keys,
+    config: HistoryConfig,
+    clock: history_writer::Clock,
+) -> RunningWriter {
+    let stats = Arc::new(Stats::default());
+    let shutdown = CancellationToken::new();
+    let clients = config.mqtt_clients as u64;
+    let w = HistoryWriter {
+        config,
+        mqtt: broker.endpoint.clone(),
+        database_url: url.to_string(),
+        redis_url: services().redis_url.clone(),
+        keys,
+        validation: Validation::default(),
+        stats: stats.clone(),
+        clock,
+    };
+    let task = tokio::spawn(w.run(shutdown.clone()));
+    let st = stats.clone();
+    assert!(
+        wait_until(Duration::from_secs(15), || st
+            .subscriptions_acked
+            .load(Relaxed)
+            >= clients)
+        .await,
+        "history writer did not subscribe"
+    );
+    RunningWriter {
+        stats,
+        shutdown,
+        task,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_broker_to_rows_in_postgres() {
+    let broker = start_broker(BrokerKind::Embedded);
+    let s = pg_schema().await;
+    let keys = Keys::with_prefix(&prefix());
+    let mut r = redis().await;
+    let _: () = redis::cmd("HSET")
+        .arg(&keys.order)
+        .arg("h1")
+        .arg("ord-1")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    // A clock stuck in 2020: upkeep makes only 2020's partitions, so today's rows find no
+    // partition and the writer must create it on demand rather than lose the batch.
+    let clock: history_writer::Clock = Arc::new(|| 1_577_880_000.0);
+    let w = start_writer(&broker, &s.url, keys.clone(), writer_config(), clock).await;
+    tokio::time::sleep(Duration::from_millis(600)).await; // the order snapshot is read
+    let (pubc, _h) = client(&broker.endpoint, None).await;
+    let t0 = now() - 60.0;
+    // Out of order on purpose: history keeps older points too.
+    for seq in [3u64, 1, 2, 5, 4] {
+        for c in ["h1", "h2"] {
+            publish(
+                &pubc,
+                &loc_topic(c),
+                point(c, 24.7 + seq as f64 * 1e-3, 46.6, t0 + seq as f64, seq),
+            )
+            .await;
+        }
+    }
+    // A duplicate delivery (the same message twice) is stored twice; the trail read shows it once.
+    publish(
+        &pubc,
+        &loc_topic("h1"),
+        point("h1", 24.7 + 3e-3, 46.6, t0 + 3.0, 3),
+    )
+    .await;
+    publish(&pubc, &loc_topic("h1"), b"not json".to_vec()).await;
+    publish(&pubc, &loc_topic("h1"), point("h2", 24.7, 46.6, t0, 9)).await; // id mismatch
+    publish(&pubc, &loc_topic("h1"), point("h1", 0.0, 0.0, t0, 9)).await; // null island
+
+    let st = w.stats.clone();
+    assert!(
+        wait_until(Duration::from_secs(20), || st.written.load(Relaxed) >= 11
+            && st.invalid.load(Relaxed) >= 3)
+        .await,
+        "written {} invalid {}",
+        st.written.load(Relaxed),
+        st.invalid.load(Relaxed)
+    );
+    assert!(
+        st.partitions_created.load(Relaxed) >= 5,
+        "4 of 2020 at start, today's on demand"
+    );
+    assert_eq!(
+        st.invalid_for(history_writer::rows::Refused::Invalid(
+            courier_wire::Invalid::NotJson
+        )),
+        1
+    );
+    assert_eq!(
+        st.invalid_for(history_writer::rows::Refused::Invalid(
+            courier_wire::Invalid::IdMismatch
+        )),
+        1
+    );
+    assert_eq!(
+        st.invalid_for(history_writer::rows::Refused::Invalid(
+            courier_wire::Invalid::NullIsland
+        )),
+        1
+    );
+    assert_eq!(st.dropped_total(), 0);
+    let db = pg_connect(&s.url).await;
+    let rows = db
+        .query("SELECT courier_id, seq, order_id, tableoid::regclass::text FROM courier_points ORDER BY courier_id, seq", &[])
+        .await
+        .unwrap();
+    let mut got: Vec<(String, i64, Option<String>)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let h1_seq3 = got.iter().filter(|(c, s, _)| c == "h1" && *s == 3).count();
+    assert!(
+        h1_seq3 >= 2,
+        "the duplicate is kept in the table: {h1_seq3}"
+    );
+    got.dedup(); // rumqttd may deliver a message twice; the trail read removes those
+    let want: Vec<(String, i64, Option<String>)> = ["h1", "h2"]
+        .iter()
+        .flat_map(|c| {
+            (1..=5).map(move |s| (c.to_string(), s, (*c == "h1").then(|| "ord-1".to_string())))
+        })
+        .collect();
+    assert_eq!(got, want);
+    let today = partitions::name(day_of(now()));
+    assert!(rows.iter().all(|r| r.get::<_, String>(3) == today));
+    w.stop().await;
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.order)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    s.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_down_and_back_every_row_is_written_or_counted_as_dropped() {
+    let broker = start_broker(BrokerKind::Embedded);
+    let pg = TempPostgres::start();
+    let keys = Keys::with_prefix(&prefix());
+    let config = HistoryConfig {
+        buffer_rows: 1_500,
+        batch_max: 200,
+        retry_max_backoff: Duration::from_millis(300),
+        flush_deadline: Duration::from_secs(1),
+        ..writer_config()
+    };
+    let w = start_writer(
+        &broker,
+        &pg.url,
+        keys,
+        config,
+        history_writer::system_clock(),
+    )
+    .await;
+    let (pubc, _h) = client(&broker.endpoint, None).await;
+    let t0 = now() - 100.0;
+    let mut seq = 0u64;
+    let mut send = |n: usize| {
+        let from = seq;
+        seq += n as u64;
+        (from + 1..=seq).collect::<Vec<u64>>()
+    };
+    let st = w.stats.clone();
+
+    // Up: written.
+    for s in send(500) {
+        publish(
+            &pubc,
+            &loc_topic("p1"),
+            point("p1", 24.7, 46.6, t0 + s as f64 * 0.01, s),
+        )
+        .await;
+    }
+    assert!(
+        wait_until(Duration::from_secs(15), || st.written.load(Relaxed) >= 500).await,
+        "written {}",
+        st.written.load(Relaxed)
+    );
+
+    // Down: 2,500 more points into a buffer of 1,500. The oldest 1,000 must be dropped and
+    // counted, and memory stays bounded.
+    pg.stop();
+    for s in send(2_500) {
+        publish(
+            &pubc,
+            &loc_topic("p1"),
+            point("p1", 24.7, 46.6, t0 + s as f64 * 0.01, s),
+        )
+        .await;
+        if s % 500 == 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert!(
+        wait_until(Duration::from_secs(15), || st.received.load(Relaxed)
+            >= 3_000)
+        .await,
+        "received {}",
+        st.received.load(Relaxed)
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(st.buffer_depth.load(Relaxed) <= 1_500);
+    assert!(
+        st.copy_failures.load(Relaxed) >= 1,
+        "the writer noticed the outage"
+    );
+
+    // Back: the buffer drains by itself.
+    pg.start_again();
+    let received = st.received.load(Relaxed);
+    assert!(
+        wait_until(Duration::from_secs(30), || st.written.load(Relaxed)
+            + st.dropped_total()
+            >= received)
+        .await,
+        "written {} dropped {} of {received}",
+        st.written.load(Relaxed),
+        st.dropped_total()
+    );
+    let written = st.written.load(Relaxed);
+    let dropped = st.dropped(DropReason::BufferFull);
+    eprintln!(
+        "outage: received {received}, written {written}, dropped {dropped} (buffer_full), copy failures {}",
+        st.copy_failures.load(Relaxed)
+    );
+    assert_eq!(
+        written + st.dropped_total(),
+        received,
+        "every row is written or counted"
+    );
+    assert!(dropped >= 1_000, "the bound held: {dropped} dropped");
+    let db = pg_connect(&pg.url).await;
+    let (count, distinct, max_seq): (i64, i64, i64) = {
+        let r = db
+            .query_one(
+                "SELECT count(*), count(DISTINCT seq), max(seq) FROM courier_points",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    };
+    assert_eq!(
+        count as u64, written,
+        "what was counted as written is in the table"
+    );
+    assert_eq!(max_seq, 3_000, "the newest rows were kept");
+    assert!(
+        distinct as u64 + dropped >= 3_000,
+        "none vanished: {distinct} in the table, {dropped} dropped"
+    );
+    // What was dropped is the oldest of the outage: the table has a gap, then everything newer.
+    let first_after_gap: i64 = db
+        .query_one("SELECT min(seq) FROM courier_points WHERE seq > 500", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let after: i64 = db
+        .query_one(
+            "SELECT count(DISTINCT seq) FROM courier_points WHERE seq >= $1",
+            &[&first_after_gap],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        after,
+        3_000 - first_after_gap + 1,
+        "no hole after the dropped oldest rows"
+    );
+
+    // Down again at shutdown: the flush gives up at its deadline and counts what it could not write.
+    pg.stop();
+    for s in send(100) {
+        publish(
+            &pubc,
+            &loc_topic("p1"),
+            point("p1", 24.7, 46.6, t0 + s as f64 * 0.01, s),
+        )
+        .await;
+    }
+    let target = st.received.load(Relaxed) + 100;
+    assert!(
+        wait_until(Duration::from_secs(10), || st.received.load(Relaxed)
+            >= target)
+        .await
+    );
+    let t = std::time::Instant::now();
+    w.stop().await;
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "flush_deadline (1s) bounds the shutdown: {:?}",
+        t.elapsed()
+    );
+    assert!(
+        st.dropped(DropReason::Shutdown) >= 100,
+        "counted as dropped at shutdown: {}",
+        st.dropped(DropReason::Shutdown)
+    );
+    assert_eq!(
+        st.written.load(Relaxed) + st.dropped_total(),
+        st.received.load(Relaxed)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_flushes_the_buffer() {
+    let broker = start_broker(BrokerKind::Embedded);
+    let s = pg_schema().await;
+    // Batches wait up to a second: at shutdown the points are still buffered.
+    let config = HistoryConfig {
+        batch_max_age: Duration::from_secs(1),
+        ..writer_config()
+    };
+    let w = start_writer(
+        &broker,
+        &s.url,
+        Keys::with_prefix(&prefix()),
+        config,
+        history_writer::system_clock(),
+    )
+    .await;
+    let (pubc, _h) = client(&broker.endpoint, None).await;
+    for seq in 1..=50u64 {
+        publish(
+            &pubc,
+            &loc_topic("f1"),
+            point("f1", 24.7, 46.6, now() - 5.0, seq),
+        )
+        .await;
+    }
+    let st = w.stats.clone();
+    assert!(wait_until(Duration::from_secs(10), || st.received.load(Relaxed) >= 50).await);
+    w.stop().await;
+    assert_eq!(
+        st.written.load(Relaxed) + st.dropped_total(),
+        st.received.load(Relaxed)
+    );
+    assert_eq!(st.dropped_total(), 0);
+    let n: i64 = pg_connect(&s.url)
+        .await
+        .query_one("SELECT count(DISTINCT seq) FROM courier_points", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 50);
+    s.drop().await;
+}
+
+const KEYS: &str = "k1:trail-test-secret-0123456789";
+
+fn token(ring: &Keyring, scope: &str, exp_in: i64) -> String {
+    let now = now() as i64;
+    ring.sign(&Claims {
+        sub: "alice".into(),
+        scope: scope.into(),
+        order: None,
+        iat: now as u64,
+        exp: (now + exp_in).max(0) as u64,
+    })
+}
+
+async fn serve_trail(url: &str) -> std::net::SocketAddr {
+    let ring = Keyring::parse(KEYS).unwrap();
+    let app = Trail::new(
+        url,
+        ring,
+        &HistoryConfig::default(),
+        history_writer::system_clock(),
+    )
+    .router();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    addr
+}
+
+fn rfc(t: f64) -> String {
+    humantime::format_rfc3339_seconds(history_writer::rows::system_time(t)).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trail_needs_scope_and_reason_is_audited_and_is_geojson() {
+    let s = pg_schema().await;
+    let mut admin = migrated(&s.url).await;
+    let t = now();
+    partitions::upkeep(&mut admin, t, 1, 30).await.unwrap();
+    partitions::ensure_days(&mut admin, &[day_of(t) - 1])
+        .await
+        .unwrap();
+    let base = t - 600.0;
+    let mut sink = PgSink::new(&s.url);
+    sink.copy(&[
+        row("k1", 3, base + 30.0, base + 31.0, Some("o1")),
+        row("k1", 1, base + 10.0, base + 40.0, None), // arrived late: phone-time order puts it first
+        row("k1", 2, base + 20.0, base + 21.0, Some("o1")),
+        row("k1", 2, base + 20.0, base + 22.0, Some("o1")), // delivered twice
+        row("k1", 4, base + 40.0, base + 41.0, Some("o1")),
+        row("k1", 9, base - 5000.0, base - 4000.0, None), // outside the window
+        row("k2", 1, base + 10.0, base + 11.0, None),     // another courier
+    ])
+    .await
+    .unwrap();
+
+    let addr = serve_trail(&s.url).await;
+    let ring = Keyring::parse(KEYS).unwrap();
+    let good = token(&ring, "trail:read", 3600);
+    let window = format!("from={}&to={}", rfc(base), rfc(base + 3600.0));
+    let path = |q: &str| format!("/couriers/k1/trail?{q}");
+    let ok_path = path(&format!("{window}&reason=dispute%20%23123"));
+
+    // 401: no token, a forged one, an expired one.
+    for bearer in [
+        None,
+        Some("v1.k1.e30.AAAA".to_string()),
+        Some(
+            Keyring::parse("k1:another-secret-entirely-0000")
+                .unwrap()
+                .sign(&Claims {
+                    sub: "x".into(),
+                    scope: "trail:read".into(),
+                    order: None,
+                    iat: 0,
+                    exp: u64::MAX / 2,
+                }),
+        ),
+        Some(token(&ring, "trail:read", -10)),
+    ] {
+        let r = http_get(addr, &ok_path, bearer.as_deref()).await;
+        assert_eq!(r.status, 401, "{}", r.body);
+        assert!(r.json()["error"].is_string());
+        assert!(r
+            .head
+            .to_ascii_lowercase()
+            .contains("www-authenticate: bearer"));
+    }
+    // 403: a valid token for something else.
+    let r = http_get(addr, &ok_path, Some(&token(&ring, "track", 3600))).await;
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.json()["error"].as_str().unwrap().contains("trail:read"));
+    // 400: no reason, a blank reason, bad times, a window past 24 h, to before from, a bad id.
+    for p in [
+        path(&window),
+        path(&format!("{window}&reason=%20%20")),
+        path(&format!("from=yesterday&to={}&reason=x", rfc(base))),
+        path(&format!("from={}&reason=x", rfc(base))),
+        path(&format!(
+            "from={}&to={}&reason=x",
+            rfc(base),
+            rfc(base + 86_401.0)
+        )),
+        path(&format!(
+            "from={}&to={}&reason=x",
+            rfc(base + 10.0),
+            rfc(base)
+        )),
+        format!("/couriers/a%2Bb/trail?{window}&reason=x"),
+    ] {
+        let r = http_get(addr, &p, Some(&good)).await;
+        assert_eq!(r.status, 400, "{p}: {}", r.body);
+        assert!(r.json()["error"].is_string(), "{p}");
+    }
+    let n: i64 = admin
+        .query_one("SELECT count(*) FROM trail_access_log", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "refused requests read nothing and leave no audit row");
+
+    // 200: a GeoJSON Feature in phone-time order, each point once.
+    let r = http_get(addr, &ok_path, Some(&good)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let f = r.json();
+    assert_eq!(f["type"], "Feature");
+    assert_eq!(f["geometry"]["type"], "LineString");
+    let coords = f["geometry"]["coordinates"].as_array().unwrap();
+    let points = f["properties"]["points"].as_array().unwrap();
+    assert_eq!(coords.len(), 4);
+    assert_eq!(points.len(), 4);
+    let seqs: Vec<i64> = points.iter().map(|p| p["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs, [1, 2, 3, 4]);
+    let r1 = row("k1", 1, 0.0, 0.0, None);
+    assert_eq!(coords[0], serde_json::json!([r1.lon, r1.lat]), "[lon, lat]");
+    assert_eq!(points[0]["order_id"], serde_json::Value::Null);
+    assert_eq!(points[1]["order_id"], "o1");
+    assert_eq!(
+        points[0]["phone_ts"],
+        humantime::format_rfc3339_micros(history_writer::rows::system_time(base + 10.0))
+            .to_string()
+    );
+    assert_eq!(
+        points[0]["received_at"],
+        humantime::format_rfc3339_micros(history_writer::rows::system_time(base + 40.0))
+            .to_string()
+    );
+    assert_eq!(f["properties"]["courier_id"], "k1");
+
+    // The audit row: who, whose, the window, why, how many.
+    let a = admin
+        .query_one(
+            "SELECT actor, courier_id, reason, row_count, extract(epoch FROM window_from)::float8, extract(epoch FROM window_to)::float8, accessed_at > now() - interval '1 minute' FROM trail_access_log",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(a.get::<_, String>(0), "alice");
+    assert_eq!(a.get::<_, String>(1), "k1");
+    assert_eq!(a.get::<_, String>(2), "dispute #123");
+    assert_eq!(a.get::<_, i32>(3), 4);
+    assert_eq!(a.get::<_, f64>(4), base.floor());
+    assert_eq!(a.get::<_, f64>(5), (base + 3600.0).floor());
+    assert!(a.get::<_, bool>(6));
+
+    // No audit row, no data: when the audit insert fails, nothing is returned.
+    admin
+        .batch_execute("DROP TABLE trail_access_log")
+        .await
+        .unwrap();
+    let r = http_get(addr, &ok_path, Some(&good)).await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(
+        !r.body.contains("coordinates") && !r.body.contains("46."),
+        "{}",
+        r.body
+    );
+    s.drop().await;
+}
+
+#[test]
+fn token_support_mints_a_trail_token_and_needs_auth_keys() {
+    let bin = env!("CARGO_BIN_EXE_courier-pipeline");
+    let out = std::process::Command::new(bin)
+        .args(["token", "support", "--actor", "alice", "--ttl", "1h"])
+        .env("AUTH_KEYS", KEYS)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8(out.stdout).unwrap();
+    let claims = Keyring::parse(KEYS)
+        .unwrap()
+        .verify(token.trim(), now() as u64)
+        .unwrap();
+    assert_eq!(claims.sub, "alice");
+    assert!(claims.has_scope("trail:read"));
+    assert!(
+        (claims.exp as i64 - now() as i64 - 3600).abs() <= 5,
+        "expires in an hour"
+    );
+
+    let out = std::process::Command::new(bin)
+        .args(["token", "support", "--actor", "alice", "--ttl", "1h"])
+        .env_remove("AUTH_KEYS")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("AUTH_KEYS is not set"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_postgres_refuses_is_dropped_alone_not_its_batch() {
+    let broker = start_broker(BrokerKind::Embedded);
+    let s = pg_schema().await;
+    let admin = migrated(&s.url).await;
+    // A rule the rows cannot know about: PostgreSQL refuses seq 13 (SQLSTATE 23514).
+    admin
+        .batch_execute("ALTER TABLE courier_points ADD CONSTRAINT no_thirteen CHECK (seq <> 13)")
+        .await
+        .unwrap();
+    let config = HistoryConfig {
+        batch_max_age: Duration::from_millis(500),
+        ..writer_config()
+    };
+    let w = start_writer(
+        &broker,
+        &s.url,
+        Keys::with_prefix(&prefix()),
+        config,
+        history_writer::system_clock(),
+    )
+    .await;
+    let (pubc, _h) = client(&broker.endpoint, None).await;
+    for seq in 1..=40u64 {
+        publish(
+            &pubc,
+            &loc_topic("r1"),
+            point("r1", 24.7, 46.6, now() - 5.0, seq),
+        )
+        .await;
+    }
+    let st = w.stats.clone();
+    assert!(
+        wait_until(Duration::from_secs(15), || st.written.load(Relaxed)
+            + st.dropped_total()
+            >= st.received.load(Relaxed)
+            && st.received.load(Relaxed) >= 40)
+        .await
+    );
+    assert!(
+        st.dropped(DropReason::Rejected) >= 1,
+        "the refused row is counted"
+    );
+    let seqs: Vec<i64> = admin
+        .query("SELECT DISTINCT seq FROM courier_points ORDER BY 1", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        seqs,
+        (1..=40).filter(|s| *s != 13).collect::<Vec<i64>>(),
+        "its 39 neighbours are written"
+    );
+    assert_eq!(
+        st.written.load(Relaxed) + st.dropped_total(),
+        st.received.load(Relaxed)
+    );
+    w.stop().await;
+    s.drop().await;
+}
