@@ -5,6 +5,7 @@
 use crate::broker::{self, BrokerError, CURSOR_JUMPS};
 use crate::config::{Broker, Config};
 use crate::telemetry;
+use fanout::{Fanout, FanoutError};
 use ingest::{Ingest, IngestError, Stats};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
@@ -20,6 +21,8 @@ pub enum Role {
     All,
     Ingest,
     Broker,
+    /// Orders API (on HTTP_LISTEN) and the viewer gateway (on WS_LISTEN).
+    Fanout,
 }
 
 impl Role {
@@ -35,6 +38,8 @@ pub enum AppError {
     Broker(#[from] BrokerError),
     #[error(transparent)]
     Ingest(#[from] IngestError),
+    #[error(transparent)]
+    Fanout(#[from] FanoutError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         what: &'static str,
@@ -106,7 +111,7 @@ pub async fn run(
     }
 
     let mut roles: JoinSet<Result<(), AppError>> = JoinSet::new();
-    let routes: Vec<axum::Router> = Vec::new();
+    let mut routes: Vec<axum::Router> = Vec::new();
     if role.runs(Role::Ingest) {
         let ingest = Ingest {
             config: config.ingest.clone(),
@@ -118,6 +123,43 @@ pub async fn run(
         tracing::info!(workers = config.ingest.workers, group = %config.ingest.group, "ingest starting");
         let stop = shutdown.clone();
         roles.spawn(async move { Ok(ingest.run(stop).await?) });
+    }
+    if role.runs(Role::Fanout) {
+        let keys_and_service = (config.auth.clone(), config.fanout.service_key.is_some());
+        match keys_and_service {
+            (Some(keyring), true) => {
+                let fanout = Fanout {
+                    config: config.fanout.clone(),
+                    mqtt: config.broker.endpoint(),
+                    redis_url: config.redis_url.clone(),
+                    keys: config.keys.clone(),
+                    keyring,
+                    ws_listen: config.ws_listen,
+                    stats: Arc::new(fanout::Stats::default()),
+                }
+                .prepare()
+                .await?;
+                routes.push(fanout.router());
+                let l = listener("ws", config.ws_listen)?;
+                tracing::info!(ws = %config.ws_listen, "fanout viewer gateway listening");
+                let stop = shutdown.clone();
+                roles.spawn(async move { Ok(fanout.run(l, stop).await?) });
+            }
+            // `run` starts what is configured; asked for by name, fanout needs its keys.
+            _ if role == Role::All => {
+                tracing::warn!("fanout not started: set AUTH_KEYS and SERVICE_KEY")
+            }
+            (None, _) => {
+                return Err(AppError::Fanout(FanoutError::Config(
+                    "AUTH_KEYS is required by the fanout role".into(),
+                )))
+            }
+            (_, false) => {
+                return Err(AppError::Fanout(FanoutError::Config(
+                    "SERVICE_KEY is required by the fanout role".into(),
+                )))
+            }
+        }
     }
     if !routes.is_empty() {
         let l = listener("http", config.http_listen)?;

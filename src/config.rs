@@ -2,6 +2,7 @@
 //! validated once at start-up into real types. A bad setting is one error naming it.
 
 use courier_wire::{Keys, MqttEndpoint};
+use fanout::FanoutConfig;
 use ingest::IngestConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -19,6 +20,7 @@ pub struct FileConfig {
     pub http: HttpSection,
     pub auth: AuthSection,
     pub ingest: IngestConfig,
+    pub fanout: FanoutConfig,
     /// How long shutdown may take (drain queues, flush the last batch) before the process exits.
     #[serde(with = "courier_wire::duration")]
     pub shutdown_grace: Duration,
@@ -34,6 +36,7 @@ impl Default for FileConfig {
             http: HttpSection::default(),
             auth: AuthSection::default(),
             ingest: IngestConfig::default(),
+            fanout: FanoutConfig::default(),
             shutdown_grace: Duration::from_secs(10),
         }
     }
@@ -147,6 +150,8 @@ pub struct Overrides {
     pub http_listen: Option<String>,
     pub ws_listen: Option<String>,
     pub auth_keys: Option<String>,
+    /// `SERVICE_KEY` of the orders API.
+    pub service_key: Option<String>,
 }
 
 /// Where the roles find their broker.
@@ -185,6 +190,7 @@ pub struct Config {
     /// Token keys; `None` when not configured.
     pub auth: Option<courier_auth::Keyring>,
     pub ingest: IngestConfig,
+    pub fanout: FanoutConfig,
     pub shutdown_grace: Duration,
 }
 
@@ -241,6 +247,9 @@ impl FileConfig {
         if let Some(v) = o.auth_keys.filter(|v| !v.is_empty()) {
             self.auth.keys = Some(v);
         }
+        if let Some(v) = o.service_key.filter(|v| !v.is_empty()) {
+            self.fanout.service_key = Some(v);
+        }
         let broker = match &self.mqtt.url {
             Some(url) => {
                 Broker::External(MqttEndpoint::parse(url).map_err(|e| err("MQTT_URL", e))?)
@@ -287,10 +296,12 @@ impl FileConfig {
             }
             None => None,
         };
-        self.ingest.validate().map_err(|e| {
-            let (setting, reason) = e.split_once(' ').unwrap_or((e.as_str(), ""));
-            err(setting, reason)
-        })?;
+        for check in [self.ingest.validate(), self.fanout.validate()] {
+            check.map_err(|e| {
+                let (setting, reason) = e.split_once(' ').unwrap_or((e.as_str(), ""));
+                err(setting, reason)
+            })?;
+        }
         Ok(Config {
             broker,
             redis_url: self.redis.url,
@@ -301,6 +312,7 @@ impl FileConfig {
             ws_listen,
             auth,
             ingest: self.ingest,
+            fanout: self.fanout,
             shutdown_grace: self.shutdown_grace,
         })
     }

@@ -40,6 +40,9 @@ struct Cli {
     /// Token signing keys, kid:secret[,kid:secret...]; the first signs.
     #[arg(long, global = true, env = "AUTH_KEYS", hide_env_values = true)]
     auth_keys: Option<String>,
+    /// Bearer key of the orders API (the order service presents it).
+    #[arg(long, global = true, env = "SERVICE_KEY", hide_env_values = true)]
+    service_key: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -52,6 +55,8 @@ enum Command {
     Ingest(RunArgs),
     /// The embedded broker alone.
     Broker(RunArgs),
+    /// Orders API (HTTP_LISTEN) and viewer gateway (WS_LISTEN), against the broker at MQTT_URL.
+    Fanout(RunArgs),
     /// Load: couriers moving in a box, publishing points to the broker.
     Simulate(SimArgs),
 }
@@ -97,6 +102,7 @@ fn main() -> anyhow::Result<()> {
         http_listen: cli.http_listen.clone(),
         ws_listen: cli.ws_listen.clone(),
         auth_keys: cli.auth_keys.clone(),
+        service_key: cli.service_key.clone(),
     })?;
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {
@@ -107,6 +113,7 @@ fn main() -> anyhow::Result<()> {
             Command::Run(a) => (Role::All, a),
             Command::Ingest(a) => (Role::Ingest, a),
             Command::Broker(a) => (Role::Broker, a),
+            Command::Fanout(a) => (Role::Fanout, a),
             Command::Simulate(a) => return simulate(a, config.broker.endpoint(), shutdown).await,
         };
         let opts = RunOptions {

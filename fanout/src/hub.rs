@@ -138,18 +138,21 @@ impl Hub {
     }
 
     /// Ends `order` here: its viewers are told to close, its last point is forgotten, and new
-    /// viewers of it are refused. Returns how many viewers were told.
-    pub fn end(&self, order: &str, now: Instant) -> usize {
+    /// viewers of it are refused. Returns how many viewers were told, or `None` when the
+    /// order had ended here already (the API call and its announcement both arrive).
+    pub fn end(&self, order: &str, now: Instant) -> Option<usize> {
         let mut g = self.lock();
         let order: Arc<str> = Arc::from(order);
-        g.ended.insert(order.clone(), now);
+        if g.ended.insert(order.clone(), now).is_some() {
+            return None;
+        }
         let Some(e) = g.orders.remove(&order) else {
-            return 0;
+            return Some(0);
         };
         for v in &e.viewers {
             v.ended.cancel();
         }
-        e.viewers.len()
+        Some(e.viewers.len())
     }
 
     pub fn is_ended(&self, order: &str) -> bool {
@@ -236,7 +239,8 @@ mod tests {
         let now = Instant::now();
         let a = hub.join("o1", 4, false).unwrap();
         let other = hub.join("o2", 4, false).unwrap();
-        assert_eq!(hub.end("o1", now), 1);
+        assert_eq!(hub.end("o1", now), Some(1));
+        assert_eq!(hub.end("o1", now), None);
         assert!(a.ended.is_cancelled());
         assert!(!other.ended.is_cancelled());
         assert_eq!(hub.join("o1", 4, false).unwrap_err(), Ended);

@@ -250,6 +250,12 @@ impl Session<'_> {
     async fn serve(&mut self, shutdown: &CancellationToken) -> Option<CloseReason> {
         let mut last_in = Instant::now();
         let mut pace_wait: Option<Instant> = None;
+        // A client may send SUBSCRIBE in the same frame as CONNECT.
+        match self.handle_packets(shutdown).await {
+            Ok(()) => {}
+            Err(Cut::Gone) => return None,
+            Err(Cut::End(r)) => return Some(r),
+        }
         loop {
             let ka_deadline = self.keep_alive.map(|k| last_in + k);
             let step = tokio::select! {

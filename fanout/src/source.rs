@@ -157,7 +157,8 @@ async fn catch_up(
 }
 
 pub(crate) fn end_here(hub: &Hub, stats: &Stats, order: &str) {
-    let kicked = hub.end(order, Instant::now());
-    stats.orders_ended.fetch_add(1, Relaxed);
-    tracing::info!(viewers = kicked, "order ended; its viewers are closed");
+    if let Some(kicked) = hub.end(order, Instant::now()) {
+        stats.orders_ended.fetch_add(1, Relaxed);
+        tracing::info!(viewers = kicked, "order ended; its viewers are closed");
+    }
 }
