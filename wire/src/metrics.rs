@@ -44,7 +44,7 @@ pub const FANOUT_POINTS_SENT: &str = "fanout_points_sent_total";
 /// Counter, label `reason`: queue_full (a slow viewer's oldest point) | interval (superseded
 /// within the per-viewer send interval).
 pub const FANOUT_POINTS_DROPPED: &str = "fanout_points_dropped_total";
-/// Counter, labels `event`: assign | tracking_token | picked_up | delivered, and `result`:
+/// Counter, labels `event`: assign | tracking_token | picked_up | delivered | unknown, and `result`:
 /// ok | replay | unauthorized | bad_request | not_found | conflict | unprocessable | error.
 pub const FANOUT_ORDER_EVENTS: &str = "fanout_order_events_total";
 /// Counter: `track/+` messages the gateway's source received.
