@@ -628,3 +628,49 @@ async fn a_slow_viewer_does_not_delay_a_fast_one() {
     f.stop().await;
     cleanup_all(&keys).await;
 }
+
+/// With a send interval, a viewer gets at most one point per interval, the newest; the ones
+/// in between are counted as superseded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_interval_sends_the_newest_point_once_per_interval() {
+    let broker = start_broker(BrokerKind::Embedded);
+    let keys = Keys::with_prefix(&prefix());
+    let config = fanout::FanoutConfig {
+        send_interval: Duration::from_secs(1),
+        ..test_fanout_config()
+    };
+    let f = start_fanout(&broker, keys.clone(), config).await;
+    let token = assign_and_token(&f, "o-1", "c-1").await;
+    let (v, mut rx) = viewer_v4(f.ws, &token).await;
+    expect(&mut rx, Seen::Connected).await;
+    v.subscribe("track/o-1", QoS::AtMostOnce).await.unwrap();
+    expect(&mut rx, Seen::SubAck(vec![true])).await;
+    let (pubc, _h) = client(&broker.endpoint, None).await;
+    for i in 1..=20 {
+        publish(
+            &pubc,
+            &track_topic("o-1"),
+            courier_wire::encode_track(24.0 + i as f64 * 0.001, 46.0, now()),
+        )
+        .await;
+    }
+    let (_, first) = next_point(&mut rx).await;
+    let (_, second) = next_point(&mut rx).await;
+    assert_eq!(
+        track(&second),
+        (24.02, 46.0),
+        "the newest point after the interval"
+    );
+    assert_ne!(track(&first), track(&second));
+    assert_eq!(
+        next_seen(&mut rx, 1500 * Duration::from_millis(1)).await,
+        None
+    );
+    let st = f.stats.clone();
+    assert!(
+        wait_until(SEC, || st.dropped_interval.load(Relaxed) + 2 >= 20).await,
+        "{st:?}"
+    );
+    f.stop().await;
+    cleanup_all(&keys).await;
+}

@@ -25,10 +25,13 @@ pub enum Refusal {
     Timeout,
     /// The gateway holds `max_viewers` already.
     MaxViewers,
+    /// Redis could not be asked whether the order runs; the viewer is told to retry
+    /// (CONNACK server unavailable / busy).
+    Unavailable,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 8] = [
+    pub const ALL: [Refusal; 9] = [
         Refusal::BadToken,
         Refusal::ExpiredToken,
         Refusal::OrderEnded,
@@ -37,6 +40,7 @@ impl Refusal {
         Refusal::Protocol,
         Refusal::Timeout,
         Refusal::MaxViewers,
+        Refusal::Unavailable,
     ];
 
     /// The `reason` label.
@@ -50,6 +54,7 @@ impl Refusal {
             Refusal::Protocol => "protocol",
             Refusal::Timeout => "timeout",
             Refusal::MaxViewers => "max_viewers",
+            Refusal::Unavailable => "unavailable",
         }
     }
 

@@ -90,7 +90,9 @@ pub(crate) async fn serve(
     Ok(())
 }
 
-/// The WebSocket handshake check: path `/mqtt`, subprotocol `mqtt` offered (and chosen).
+/// The WebSocket handshake check: path `/mqtt`, subprotocol `mqtt` offered (and chosen). The
+/// large error type is tungstenite's callback signature.
+#[allow(clippy::result_large_err)]
 pub(crate) fn check_upgrade(req: &Request, mut resp: Response) -> Result<Response, ErrorResponse> {
     let refuse = |status: StatusCode, why: &str| {
         let mut r = ErrorResponse::new(Some(why.to_string()));

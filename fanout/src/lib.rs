@@ -174,6 +174,7 @@ impl Prepared {
 
 /// Raises the soft open-file limit to the hard one (each viewer is a socket); returns the
 /// limit in force.
+#[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every platform
 pub fn raise_nofile_limit() -> u64 {
     // SAFETY: getrlimit/setrlimit only read and write the struct passed.
     unsafe {

@@ -107,7 +107,7 @@ pub(crate) async fn run(gw: Arc<Gateway>, stream: TcpStream, shutdown: Cancellat
                 &mut ws,
                 version,
                 ConnectOutcome::Busy,
-                Refusal::Protocol,
+                Refusal::Unavailable,
             )
             .await;
         }
@@ -118,7 +118,7 @@ pub(crate) async fn run(gw: Arc<Gateway>, stream: TcpStream, shutdown: Cancellat
                 &mut ws,
                 version,
                 ConnectOutcome::Busy,
-                Refusal::Timeout,
+                Refusal::Unavailable,
             )
             .await;
         }
@@ -386,7 +386,7 @@ impl Session<'_> {
                     }
                 }
                 Inbound::Unsubscribe { pkid, filters } => {
-                    if self.subscribed && filters.iter().any(|f| *f == self.topic) {
+                    if self.subscribed && filters.contains(&self.topic) {
                         self.subscribed = false;
                         self.gw.stats.subscribed.fetch_sub(1, Relaxed);
                         self.viewer.deactivate();
