@@ -9,11 +9,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
-#[command(
-    name = "courier-pipeline",
-    version,
-    about = "Live courier locations: MQTT in, Redis GEO and order tracks out"
-)]
+#[command(name = "courier-pipeline", version, about = "Live courier locations: MQTT in, Redis GEO and order tracks out")]
 struct Cli {
     /// TOML configuration file (see README, "Configuration").
     #[arg(long, global = true, env = "COURIER_CONFIG")]
@@ -116,9 +112,7 @@ fn main() -> anyhow::Result<()> {
             Command::Fanout(a) => (Role::Fanout, a),
             Command::Simulate(a) => return simulate(a, config.broker.endpoint(), shutdown).await,
         };
-        let opts = RunOptions {
-            status_every: opts.status_every,
-        };
+        let opts = RunOptions { status_every: opts.status_every };
         let task = tokio::spawn(app::run(config, role, opts, shutdown.clone()));
         tokio::pin!(task);
         tokio::select! {
@@ -132,18 +126,12 @@ fn main() -> anyhow::Result<()> {
                 tracing::info!("stopped cleanly");
                 Ok(())
             }
-            Err(_) => {
-                anyhow::bail!("shutdown took longer than {grace:?}; exiting with work undone")
-            }
+            Err(_) => anyhow::bail!("shutdown took longer than {grace:?}; exiting with work undone"),
         }
     })
 }
 
-async fn simulate(
-    a: SimArgs,
-    endpoint: courier_wire::MqttEndpoint,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+async fn simulate(a: SimArgs, endpoint: courier_wire::MqttEndpoint, shutdown: CancellationToken) -> anyhow::Result<()> {
     anyhow::ensure!(a.interval > 0.0, "--interval must be above 0");
     let cfg = simulator::SimConfig {
         couriers: a.couriers,

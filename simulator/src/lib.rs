@@ -7,10 +7,10 @@
 
 pub mod motion;
 
-use courier_wire::clock::unix_now;
 use courier_wire::{loc_topic, MqttEndpoint};
 use motion::{BBox, Courier};
 use rand::{rngs::SmallRng, SeedableRng};
+use courier_wire::clock::unix_now;
 use rumqttc::{AsyncClient, Event, Outgoing, QoS};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -96,9 +96,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<Report, SimError> {
     if cfg.couriers == 0 || cfg.connections == 0 || cfg.interval.is_zero() {
-        return Err(SimError::Config(
-            "couriers, connections and interval must be above zero".into(),
-        ));
+        return Err(SimError::Config("couriers, connections and interval must be above zero".into()));
     }
     let stop = shutdown.child_token();
     let started = Instant::now();
@@ -106,14 +104,7 @@ pub async fn run(
     let mut tasks = Vec::new();
     for k in 0..connections {
         let ids: Vec<usize> = (k..cfg.couriers).step_by(connections).collect();
-        tasks.push(tokio::spawn(connection(
-            k,
-            ids,
-            cfg.clone(),
-            endpoint.clone(),
-            stats.clone(),
-            stop.clone(),
-        )));
+        tasks.push(tokio::spawn(connection(k, ids, cfg.clone(), endpoint.clone(), stats.clone(), stop.clone())));
     }
     if let Some(d) = cfg.duration {
         let stop = stop.clone();
@@ -190,11 +181,7 @@ async fn connection(
             let (id, topic, c) = &mut couriers[next];
             next = (next + 1) % ids.len();
             let payload = c.advance(now, &mut rng, cfg.bbox).payload(id);
-            if client
-                .publish(topic.clone(), QoS::AtMostOnce, false, payload)
-                .await
-                .is_err()
-            {
+            if client.publish(topic.clone(), QoS::AtMostOnce, false, payload).await.is_err() {
                 break 'outer;
             }
             sent += 1;

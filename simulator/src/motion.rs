@@ -13,12 +13,7 @@ pub struct BBox {
 
 impl BBox {
     /// The reference article's Riyadh rectangle.
-    pub const RIYADH: BBox = BBox {
-        lat_min: 24.60,
-        lat_max: 24.85,
-        lon_min: 46.55,
-        lon_max: 46.85,
-    };
+    pub const RIYADH: BBox = BBox { lat_min: 24.60, lat_max: 24.85, lon_min: 46.55, lon_max: 46.85 };
 
     pub fn contains(&self, lat: f64, lon: f64) -> bool {
         (self.lat_min..=self.lat_max).contains(&lat) && (self.lon_min..=self.lon_max).contains(&lon)
@@ -57,8 +52,7 @@ impl Courier {
         self.heading += rng.random_range(-0.3..0.3);
         let d = SPEED_M_PER_S * dt;
         let mut lat = self.lat + d * self.heading.cos() / M_PER_DEG_LAT;
-        let mut lon =
-            self.lon + d * self.heading.sin() / (M_PER_DEG_LAT * self.lat.to_radians().cos());
+        let mut lon = self.lon + d * self.heading.sin() / (M_PER_DEG_LAT * self.lat.to_radians().cos());
         if !(bbox.lat_min..=bbox.lat_max).contains(&lat) {
             self.heading = std::f64::consts::PI - self.heading;
             lat = lat.clamp(bbox.lat_min, bbox.lat_max);
