@@ -99,7 +99,17 @@ async fn v4_viewer_gets_the_last_position_from_redis_then_live_points() {
 /// point in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v5_viewer_gets_the_last_track_then_every_point() {
-    let broker = start_broker(BrokerKind::Embedded);
+    v5_viewer_gets_the_last_track_then_every_point_on(BrokerKind::Embedded).await
+}
+
+/// The same through Mosquitto as an external broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v5_viewer_gets_the_last_track_then_every_point_through_mosquitto() {
+    v5_viewer_gets_the_last_track_then_every_point_on(BrokerKind::Mosquitto).await
+}
+
+async fn v5_viewer_gets_the_last_track_then_every_point_on(kind: BrokerKind) {
+    let broker = start_broker(kind);
     let keys = Keys::with_prefix(&prefix());
     let ing = start_ingest(&broker, test_ingest_config(), keys.clone()).await;
     let f = start_fanout(&broker, keys.clone(), test_fanout_config()).await;
