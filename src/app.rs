@@ -5,6 +5,7 @@
 use crate::broker::{self, BrokerError, CURSOR_JUMPS};
 use crate::config::{Broker, Config};
 use crate::telemetry;
+use fanout::{Fanout, FanoutError};
 use history_writer::{HistoryError, HistoryWriter, Trail};
 use ingest::{Ingest, IngestError, Stats};
 use std::net::SocketAddr;
@@ -23,6 +24,8 @@ pub enum Role {
     Broker,
     /// The history writer and the trail API.
     History,
+    /// Orders API (on HTTP_LISTEN) and the viewer gateway (on WS_LISTEN).
+    Fanout,
 }
 
 impl Role {
@@ -44,6 +47,8 @@ pub enum AppError {
         "AUTH_KEYS is not set: the trail API of the history role checks tokens signed with it"
     )]
     NoAuthKeys,
+    #[error(transparent)]
+    Fanout(#[from] FanoutError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         what: &'static str,
@@ -173,6 +178,43 @@ pub async fn run(
         tracing::info!(workers = config.ingest.workers, group = %config.ingest.group, "ingest starting");
         let stop = shutdown.clone();
         roles.spawn(async move { Ok(ingest.run(stop).await?) });
+    }
+    if role.runs(Role::Fanout) {
+        match (config.auth.clone(), config.fanout.service_key.is_some()) {
+            (Some(keyring), true) => {
+                let fanout = Fanout {
+                    config: config.fanout.clone(),
+                    mqtt: config.worker_endpoint("fanout"),
+                    redis_url: config.redis_url.clone(),
+                    keys: config.keys.clone(),
+                    keyring,
+                    ws_listen: config.ws_listen,
+                    stats: Arc::new(fanout::Stats::default()),
+                }
+                .prepare()
+                .await?;
+                routes.push(fanout.router());
+                let l = listener("ws", config.ws_listen)?;
+                tracing::info!(ws = %config.ws_listen, "fanout viewer gateway listening");
+                let stop = shutdown.clone();
+                roles.spawn(async move { Ok(fanout.run(l, stop).await?) });
+            }
+            // `run` starts what is configured; asked for by name, fanout needs its keys.
+            _ if role == Role::All => {
+                tracing::warn!("fanout not started: set AUTH_KEYS and SERVICE_KEY")
+            }
+            (None, _) => {
+                return Err(
+                    FanoutError::Config("AUTH_KEYS is required by the fanout role".into()).into(),
+                )
+            }
+            (_, false) => {
+                return Err(FanoutError::Config(
+                    "SERVICE_KEY is required by the fanout role".into(),
+                )
+                .into())
+            }
+        }
     }
     if !routes.is_empty() {
         let l = listener("http", config.http_listen)?;

@@ -2,6 +2,7 @@
 //! validated once at start-up into real types. A bad setting is one error naming it.
 
 use courier_wire::{Keys, MqttEndpoint};
+use fanout::FanoutConfig;
 use history_writer::HistoryConfig;
 use ingest::IngestConfig;
 use serde::Deserialize;
@@ -21,6 +22,7 @@ pub struct FileConfig {
     pub auth: AuthSection,
     pub ingest: IngestConfig,
     pub history: HistoryConfig,
+    pub fanout: FanoutConfig,
     /// How long shutdown may take (drain queues, flush the last batch) before the process exits.
     #[serde(with = "courier_wire::duration")]
     pub shutdown_grace: Duration,
@@ -37,6 +39,7 @@ impl Default for FileConfig {
             auth: AuthSection::default(),
             ingest: IngestConfig::default(),
             history: HistoryConfig::default(),
+            fanout: FanoutConfig::default(),
             shutdown_grace: Duration::from_secs(10),
         }
     }
@@ -171,6 +174,8 @@ pub struct Overrides {
     pub mqtt_tls_listen: Option<String>,
     pub mqtt_ca_file: Option<String>,
     pub mqtt_allow_anonymous: Option<bool>,
+    /// `SERVICE_KEY` of the orders API.
+    pub service_key: Option<String>,
 }
 
 /// Where the roles find their broker.
@@ -213,6 +218,7 @@ pub struct Config {
     pub auth: Option<courier_auth::Keyring>,
     pub ingest: IngestConfig,
     pub history: HistoryConfig,
+    pub fanout: FanoutConfig,
     pub shutdown_grace: Duration,
 }
 
@@ -285,6 +291,9 @@ impl FileConfig {
         }
         if let Some(v) = o.auth_keys.filter(|v| !v.is_empty()) {
             self.auth.keys = Some(v);
+        }
+        if let Some(v) = o.service_key.filter(|v| !v.is_empty()) {
+            self.fanout.service_key = Some(v);
         }
         if let Some(v) = o.mqtt_tls_listen.filter(|v| !v.is_empty()) {
             self.mqtt.tls_listen = Some(v);
@@ -378,6 +387,10 @@ impl FileConfig {
             let (setting, reason) = e.split_once(' ').unwrap_or((e.as_str(), ""));
             err(setting, reason)
         })?;
+        self.fanout.validate().map_err(|e| {
+            let (setting, reason) = e.split_once(' ').unwrap_or((e.as_str(), ""));
+            err(setting, reason)
+        })?;
         Ok(Config {
             broker,
             redis_url: self.redis.url,
@@ -389,6 +402,7 @@ impl FileConfig {
             auth,
             ingest: self.ingest,
             history: self.history,
+            fanout: self.fanout,
             shutdown_grace: self.shutdown_grace,
         })
     }
@@ -533,6 +547,18 @@ mod tests {
             }),
             "AUTH_KEYS"
         );
+        assert_eq!(
+            bad(Overrides {
+                service_key: Some("short".into()),
+                ..Default::default()
+            }),
+            "SERVICE_KEY"
+        );
+        let e = FileConfig::from_toml("[fanout]\nqueue_capacity = 0\n")
+            .unwrap()
+            .resolve(keys())
+            .unwrap_err();
+        assert_eq!(e.setting, "fanout.queue_capacity");
         let e = FileConfig::from_toml("[ingest]\nbatch_size = 3\n").unwrap_err();
         assert!(e.reason.contains("batch_size"), "{e}");
         let e = FileConfig::from_toml("[ingest]\nworkers = 0\n")

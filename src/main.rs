@@ -49,6 +49,9 @@ struct Cli {
     /// Let the embedded broker admit clients without credentials (development only).
     #[arg(long, global = true, env = "MQTT_ALLOW_ANONYMOUS")]
     mqtt_allow_anonymous: Option<bool>,
+    /// Bearer key of the orders API (the order service presents it).
+    #[arg(long, global = true, env = "SERVICE_KEY", hide_env_values = true)]
+    service_key: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -69,6 +72,8 @@ enum Command {
     /// Mints a signed token with AUTH_KEYS.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Orders API (HTTP_LISTEN) and viewer gateway (WS_LISTEN), against the broker at MQTT_URL.
+    Fanout(RunArgs),
     /// Load: couriers moving in a box, publishing points to the broker.
     Simulate(SimArgs),
     /// Exit 0 when an HTTP endpoint (e.g. http://127.0.0.1:9464/readyz) answers 200: for
@@ -150,6 +155,7 @@ fn real_main() -> anyhow::Result<()> {
         mqtt_tls_listen: cli.mqtt_tls_listen.clone(),
         mqtt_ca_file: cli.mqtt_ca_file.clone(),
         mqtt_allow_anonymous: cli.mqtt_allow_anonymous,
+        service_key: cli.service_key.clone(),
     })?;
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {
@@ -161,6 +167,7 @@ fn real_main() -> anyhow::Result<()> {
             Command::Ingest(a) => (Role::Ingest, a),
             Command::Broker(a) => (Role::Broker, a),
             Command::HistoryWriter(a) => (Role::History, a),
+            Command::Fanout(a) => (Role::Fanout, a),
             Command::Migrate => return migrate(&config.database_url).await,
             Command::Token(TokenCommand::Support { actor, ttl }) => {
                 return support_token(config.auth.as_ref(), &actor, ttl)

@@ -14,6 +14,14 @@ pub struct Keys {
     pub order: String,
     /// HASH: courier id -> seq state used by the batch script (`seq|phone_ts|epoch_ts|server_ts`).
     pub seq: String,
+    /// HASH: order id -> courier id while the order runs (the reverse of `order`).
+    pub order_courier: String,
+    /// ZSET: ended (delivered) orders, score = end time; trimmed after the token lifetime.
+    pub orders_ended: String,
+    /// Prefix of the idempotency records of order events: `<this><order>:<Idempotency-Key>`.
+    pub order_event_idem: String,
+    /// Pub/sub channel on which an ended order id is announced to every gateway process.
+    pub orders_ended_channel: String,
 }
 
 impl Keys {
@@ -23,6 +31,10 @@ impl Keys {
             seen: format!("{prefix}couriers:seen"),
             order: format!("{prefix}courier:order"),
             seq: format!("{prefix}couriers:seq"),
+            order_courier: format!("{prefix}order:courier"),
+            orders_ended: format!("{prefix}orders:ended"),
+            order_event_idem: format!("{prefix}order:event:"),
+            orders_ended_channel: format!("{prefix}orders:ended:channel"),
         }
     }
 }
@@ -44,12 +56,23 @@ mod tests {
         assert_eq!(k.seen, "couriers:seen");
         assert_eq!(k.order, "courier:order");
         assert_eq!(k.seq, "couriers:seq");
+        assert_eq!(k.order_courier, "order:courier");
+        assert_eq!(k.orders_ended, "orders:ended");
     }
 
     #[test]
     fn prefix_applies_to_every_key() {
         let k = Keys::with_prefix("{riyadh}:");
-        for key in [&k.live, &k.seen, &k.order, &k.seq] {
+        for key in [
+            &k.live,
+            &k.seen,
+            &k.order,
+            &k.seq,
+            &k.order_courier,
+            &k.orders_ended,
+            &k.order_event_idem,
+            &k.orders_ended_channel,
+        ] {
             assert!(key.starts_with("{riyadh}:"), "{key}");
         }
     }

@@ -35,6 +35,22 @@ pub const BROKER_CURSOR_JUMPS: &str = "broker_cursor_jumps_total";
 pub const BROKER_LOGINS: &str = "broker_logins_total";
 /// Counter: other alerts of the embedded broker.
 pub const BROKER_ALERTS_OTHER: &str = "broker_alerts_other_total";
+/// Gauge: viewers connected to this gateway process (CONNECT accepted, not yet gone).
+pub const FANOUT_VIEWERS_CONNECTED: &str = "fanout_viewers_connected";
+/// Counter, label `reason`: bad_token | expired_token | order_ended | filter | publish |
+/// protocol | timeout | max_viewers | unavailable. Viewers refused at CONNECT, SUBSCRIBE filters refused,
+/// viewers disconnected for publishing or for breaking the protocol.
+pub const FANOUT_REFUSALS: &str = "fanout_refusals_total";
+/// Counter: PUBLISH packets written to viewers.
+pub const FANOUT_POINTS_SENT: &str = "fanout_points_sent_total";
+/// Counter, label `reason`: queue_full (a slow viewer's oldest point) | interval (superseded
+/// within the per-viewer send interval).
+pub const FANOUT_POINTS_DROPPED: &str = "fanout_points_dropped_total";
+/// Counter, labels `event`: assign | tracking_token | picked_up | delivered | unknown, and `result`:
+/// ok | replay | unauthorized | bad_request | not_found | conflict | unprocessable | error.
+pub const FANOUT_ORDER_EVENTS: &str = "fanout_order_events_total";
+/// Counter: `track/+` messages the gateway's source received.
+pub const FANOUT_TRACKS_RECEIVED: &str = "fanout_tracks_received_total";
 
 /// Counter: messages the history source received on `couriers/+/loc`.
 pub const HISTORY_ROWS_RECEIVED: &str = "history_rows_received_total";

@@ -1,0 +1,31 @@
+-- One order event under an idempotency key, decided and recorded atomically: a replay (even a
+-- concurrent one) finds the record and changes nothing.
+-- KEYS: 1 idempotency record, 2 order:courier, 3 courier:order, 4 orders:ended (ZSET)
+-- ARGV: 1 order, 2 event (picked_up | delivered), 3 fingerprint of the request, 4 now (unix s),
+--       5 record TTL (s), 6 how long ended orders are remembered (s), 7 ended-orders channel,
+--       8 the answer to record
+-- Returns {outcome, record}: outcome 'replay' (record = the stored one), 'done', 'ended' or
+-- 'unknown'. Only 'done' stores a record: a refused call may be retried with the same key.
+local rec = redis.call('GET', KEYS[1])
+if rec then
+  return {'replay', rec}
+end
+local courier = redis.call('HGET', KEYS[2], ARGV[1])
+if not courier then
+  if redis.call('ZSCORE', KEYS[4], ARGV[1]) then
+    return {'ended', ''}
+  end
+  return {'unknown', ''}
+end
+if ARGV[2] == 'delivered' then
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  if redis.call('HGET', KEYS[3], courier) == ARGV[1] then
+    redis.call('HDEL', KEYS[3], courier)
+  end
+  redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', tonumber(ARGV[4]) - tonumber(ARGV[6]))
+  redis.call('PUBLISH', ARGV[7], ARGV[1])
+end
+local stored = ARGV[3] .. '\n' .. ARGV[8]
+redis.call('SET', KEYS[1], stored, 'EX', ARGV[5])
+return {'done', stored}

@@ -1,0 +1,199 @@
+//! Customer tracking: the orders API, short-lived tracking tokens, and the viewer gateway that
+//! lets a customer (or the restaurant) watch ONE order's courier over MQTT-over-WebSocket.
+//!
+//! ```text
+//! order service --POST /orders/{order}/assign, /tracking-token, /events--> [orders] --Lua--> Redis
+//!     (order:courier, courier:order, orders:ended, idempotency records; PUBLISH orders:ended:channel)
+//! broker --track/+ (ONE subscription per process)--> [source] --> [hub: last point + bounded
+//!     queue per viewer, oldest dropped] --> [session] --MQTT 3.1.1 / 5 over WebSocket--> viewer
+//! Redis orders:ended:channel --> [source: ended orders] --> hub: close that order's viewers
+//! ```
+//!
+//! The embedded rumqttd cannot do this itself: it has no per-topic authorization and its
+//! WebSocket listener speaks MQTT 3.1.1 only. Pure parts: `authz` (token, filters), `queue`
+//! (per-viewer queue, pacing), `codec` (packets, on rumqttc's codecs), `hub`. Edges: `source`
+//! (MQTT, Redis pub/sub), `gateway` + `session` (WebSocket), `orders` (HTTP + Redis).
+
+pub mod authz;
+pub mod codec;
+pub mod config;
+pub mod error;
+pub mod events;
+mod gateway;
+pub mod hub;
+mod orders;
+pub mod queue;
+mod session;
+mod source;
+
+pub use config::FanoutConfig;
+pub use error::FanoutError;
+pub use events::{Refusal, Stats};
+pub use gateway::{PATH, SUBPROTOCOL};
+
+use courier_auth::Keyring;
+use courier_wire::{Keys, MqttEndpoint};
+use hub::Hub;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// The fanout role: orders API + viewer gateway of one process.
+pub struct Fanout {
+    pub config: FanoutConfig,
+    pub mqtt: MqttEndpoint,
+    pub redis_url: String,
+    pub keys: Keys,
+    /// Signs and checks tracking tokens (`AUTH_KEYS`).
+    pub keyring: Keyring,
+    /// Where the gateway listens (`WS_LISTEN`); gives the default `public_ws_url`.
+    pub ws_listen: SocketAddr,
+    /// Shared with whoever reports progress (tests, benchmarks).
+    pub stats: Arc<Stats>,
+}
+
+/// A fanout role connected to Redis, ready to serve.
+pub struct Prepared {
+    gateway: Arc<gateway::Gateway>,
+    api: Arc<orders::OrdersApi>,
+    mqtt: MqttEndpoint,
+    redis_url: String,
+}
+
+impl Fanout {
+    /// Validates the settings and connects to Redis (an error if it is unreachable now).
+    pub async fn prepare(self) -> Result<Prepared, FanoutError> {
+        self.config.validate().map_err(FanoutError::Config)?;
+        let service_key = self
+            .config
+            .require_service_key()
+            .map_err(FanoutError::Config)?
+            .to_string();
+        let client = redis::Client::open(self.redis_url.as_str())?;
+        let rc = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(2)))
+            .set_number_of_retries(2);
+        let redis = redis::aio::ConnectionManager::new_with_config(client, rc).await?;
+        let nofile = raise_nofile_limit();
+        if nofile < self.config.max_viewers as u64 + 64 {
+            tracing::warn!(
+                nofile,
+                max_viewers = self.config.max_viewers,
+                "open-file limit is below fanout.max_viewers; the limit decides"
+            );
+        }
+        let hub = Arc::new(Hub::default());
+        let metrics = Arc::new(events::Metrics::new());
+        let ws_url = self
+            .config
+            .public_ws_url
+            .clone()
+            .unwrap_or_else(|| format!("ws://{}{}", self.ws_listen, PATH));
+        let api = Arc::new(orders::OrdersApi::new(
+            redis.clone(),
+            self.keys.clone(),
+            self.keyring.clone(),
+            service_key,
+            self.config.token_ttl,
+            ws_url,
+            self.config.idempotency_ttl,
+            hub.clone(),
+            self.stats.clone(),
+        ));
+        let gateway = Arc::new(gateway::Gateway {
+            hub,
+            keyring: self.keyring,
+            redis,
+            keys: self.keys,
+            config: self.config,
+            metrics,
+            stats: self.stats,
+            connections: AtomicUsize::new(0),
+        });
+        Ok(Prepared {
+            gateway,
+            api,
+            mqtt: self.mqtt,
+            redis_url: self.redis_url,
+        })
+    }
+}
+
+impl Prepared {
+    /// The orders API, to be served on `HTTP_LISTEN`.
+    pub fn router(&self) -> axum::Router {
+        orders::router(self.api.clone())
+    }
+
+    /// Runs the gateway on `listener` (bound by the caller, so a port in use is a start-up
+    /// error), its `track/+` source and its ended-orders listener until `shutdown`; then
+    /// closes every viewer and returns.
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> Result<(), FanoutError> {
+        let gw = self.gateway;
+        let tasks = TaskTracker::new();
+        tasks.spawn(source::tracks(
+            self.mqtt,
+            gw.hub.clone(),
+            gw.metrics.clone(),
+            gw.stats.clone(),
+            shutdown.clone(),
+        ));
+        tasks.spawn(source::ended_orders(
+            self.redis_url,
+            gw.redis.clone(),
+            gw.keys.clone(),
+            gw.hub.clone(),
+            gw.stats.clone(),
+            shutdown.clone(),
+        ));
+        let (hub, keep, stop) = (gw.hub.clone(), gw.config.token_ttl, shutdown.clone());
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(10));
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tick.tick() => hub.prune(Instant::now(), keep),
+                }
+            }
+        });
+        tasks.close();
+        let served = gateway::serve(gw, listener, shutdown).await;
+        tasks.wait().await;
+        served
+    }
+}
+
+/// Raises the soft open-file limit to the hard one (each viewer is a socket); returns the
+/// limit in force.
+#[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every platform
+pub fn raise_nofile_limit() -> u64 {
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    unsafe {
+        let mut l = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
+            return 0;
+        }
+        if l.rlim_cur < l.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: l.rlim_max,
+                rlim_max: l.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                l = want;
+            }
+        }
+        l.rlim_cur as u64
+    }
+}

@@ -1,0 +1,467 @@
+//! The orders API, called by the order service (and the courier app's events) with the
+//! service key:
+//!
+//! - `POST /orders/{order}/assign` `{"courier_id"}`: the courier now carries the order.
+//! - `POST /orders/{order}/tracking-token` `{"viewer":"customer"|"restaurant"}`: a short-lived
+//!   token for this order only, with the topic and the WebSocket URL.
+//! - `POST /orders/{order}/events` + `Idempotency-Key`: `picked_up`, `delivered`. A replay of
+//!   the key returns the first answer and does nothing again; the key with another body is
+//!   refused (422). `delivered` ends the order everywhere.
+//!
+//! State lives in Redis (two Lua scripts), so every process answers alike.
+
+use crate::authz::TRACK_SCOPE;
+use crate::events::{order_event, Stats};
+use crate::hub::Hub;
+use crate::source::end_here;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use bytes::Bytes;
+use courier_auth::{Claims, Keyring};
+use courier_wire::topic::valid_id;
+use courier_wire::Keys;
+use redis::Script;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+const ASSIGN_LUA: &str = include_str!("assign.lua");
+const EVENT_LUA: &str = include_str!("event.lua");
+
+/// What the handlers share.
+pub(crate) struct OrdersApi {
+    pub redis: redis::aio::ConnectionManager,
+    pub keys: Keys,
+    pub keyring: Keyring,
+    pub service_key: String,
+    pub token_ttl: Duration,
+    pub ws_url: String,
+    pub idempotency_ttl: Duration,
+    pub hub: Arc<Hub>,
+    pub stats: Arc<Stats>,
+    assign: Script,
+    event: Script,
+}
+
+impl OrdersApi {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        redis: redis::aio::ConnectionManager,
+        keys: Keys,
+        keyring: Keyring,
+        service_key: String,
+        token_ttl: Duration,
+        ws_url: String,
+        idempotency_ttl: Duration,
+        hub: Arc<Hub>,
+        stats: Arc<Stats>,
+    ) -> Self {
+        OrdersApi {
+            redis,
+            keys,
+            keyring,
+            service_key,
+            token_ttl,
+            ws_url,
+            idempotency_ttl,
+            hub,
+            stats,
+            assign: Script::new(ASSIGN_LUA),
+            event: Script::new(EVENT_LUA),
+        }
+    }
+}
+
+/// The routes, to be served on `HTTP_LISTEN`.
+pub(crate) fn router(api: Arc<OrdersApi>) -> Router {
+    Router::new()
+        .route("/orders/{order}/assign", post(assign))
+        .route("/orders/{order}/tracking-token", post(tracking_token))
+        .route("/orders/{order}/events", post(event))
+        .layer(DefaultBodyLimit::max(8 * 1024))
+        .with_state(api)
+}
+
+/// A JSON error answer: `{"error": "..."}`.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    message: String,
+    result: &'static str,
+}
+
+fn fail(status: StatusCode, result: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError {
+        status,
+        message: message.into(),
+        result,
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, Json(json!({ "error": self.message }))).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        r
+    }
+}
+
+fn redis_failed(e: redis::RedisError) -> ApiError {
+    tracing::warn!(error = %e, "orders API: redis call failed");
+    fail(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "error",
+        "storage unavailable, retry later",
+    )
+}
+
+/// Constant-time comparison of the bearer key.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn check_service(api: &OrdersApi, headers: &HeaderMap) -> Result<(), ApiError> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match presented {
+        Some(k) if same_secret(k.as_bytes(), api.service_key.as_bytes()) => Ok(()),
+        _ => Err(fail(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid service key is required (Authorization: Bearer)",
+        )),
+    }
+}
+
+fn check_order(order: &str) -> Result<(), ApiError> {
+    if valid_id(order) {
+        Ok(())
+    } else {
+        Err(fail(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "order ids are 1-64 of [A-Za-z0-9._:-]",
+        ))
+    }
+}
+
+fn json_object(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        _ => Err(fail(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "the body must be a JSON object",
+        )),
+    }
+}
+
+fn field<'a>(m: &'a serde_json::Map<String, Value>, name: &str) -> Result<&'a str, ApiError> {
+    m.get(name).and_then(Value::as_str).ok_or_else(|| {
+        fail(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("missing string field {name:?}"),
+        )
+    })
+}
+
+/// Runs a handler body and counts its outcome under `event`.
+fn counted(event: &'static str, r: Result<Response, ApiError>) -> Response {
+    match r {
+        Ok(resp) => {
+            let result = if resp.headers().contains_key("idempotent-replayed") {
+                "replay"
+            } else {
+                "ok"
+            };
+            order_event(event, result);
+            resp
+        }
+        Err(e) => {
+            order_event(event, e.result);
+            e.into_response()
+        }
+    }
+}
+
+async fn assign(
+    State(api): State<Arc<OrdersApi>>,
+    Path(order): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    counted("assign", assign_inner(&api, &order, &headers, &body).await)
+}
+
+async fn assign_inner(
+    api: &OrdersApi,
+    order: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    check_service(api, headers)?;
+    check_order(order)?;
+    let m = json_object(body)?;
+    let courier = field(&m, "courier_id")?;
+    if !valid_id(courier) {
+        return Err(fail(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "courier ids are 1-64 of [A-Za-z0-9._:-]",
+        ));
+    }
+    let mut conn = api.redis.clone();
+    let outcome: String = api
+        .assign
+        .key(&api.keys.order_courier)
+        .key(&api.keys.order)
+        .key(&api.keys.orders_ended)
+        .arg(order)
+        .arg(courier)
+        .invoke_async(&mut conn)
+        .await
+        .map_err(redis_failed)?;
+    if outcome == "ended" {
+        return Err(fail(
+            StatusCode::CONFLICT,
+            "conflict",
+            "the order has ended",
+        ));
+    }
+    Ok(Json(json!({ "order": order, "courier_id": courier })).into_response())
+}
+
+async fn tracking_token(
+    State(api): State<Arc<OrdersApi>>,
+    Path(order): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    counted(
+        "tracking_token",
+        token_inner(&api, &order, &headers, &body).await,
+    )
+}
+
+async fn token_inner(
+    api: &OrdersApi,
+    order: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    check_service(api, headers)?;
+    check_order(order)?;
+    let m = json_object(body)?;
+    let viewer = field(&m, "viewer")?;
+    if !matches!(viewer, "customer" | "restaurant") {
+        return Err(fail(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "viewer must be \"customer\" or \"restaurant\"",
+        ));
+    }
+    let mut conn = api.redis.clone();
+    let courier: Option<String> = redis::cmd("HGET")
+        .arg(&api.keys.order_courier)
+        .arg(order)
+        .query_async(&mut conn)
+        .await
+        .map_err(redis_failed)?;
+    if courier.is_none() {
+        return Err(fail(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no running order with this id",
+        ));
+    }
+    let now = courier_wire::clock::unix_now() as u64;
+    let exp = now + api.token_ttl.as_secs();
+    let token = api.keyring.sign(&Claims {
+        sub: viewer.into(),
+        scope: TRACK_SCOPE.into(),
+        order: Some(order.into()),
+        iat: now,
+        exp,
+    });
+    Ok(Json(json!({
+        "token": token,
+        "expires_at": exp,
+        "topic": courier_wire::track_topic(order),
+        "ws_url": api.ws_url,
+        "subprotocol": crate::gateway::SUBPROTOCOL,
+        "viewer": viewer,
+    }))
+    .into_response())
+}
+
+async fn event(
+    State(api): State<Arc<OrdersApi>>,
+    Path(order): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let kind = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| match v.get("event").and_then(Value::as_str) {
+            Some("picked_up") => Some("picked_up"),
+            Some("delivered") => Some("delivered"),
+            _ => None,
+        })
+        .unwrap_or("unknown");
+    counted(kind, event_inner(&api, &order, &headers, &body).await)
+}
+
+/// `Idempotency-Key`: 1-200 visible ASCII characters.
+fn idempotency_key(headers: &HeaderMap) -> Result<&str, ApiError> {
+    let k = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| {
+            fail(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "the Idempotency-Key header is required",
+            )
+        })?;
+    if k.is_empty() || k.len() > 200 || !k.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(fail(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "Idempotency-Key must be 1-200 visible ASCII characters",
+        ));
+    }
+    Ok(k)
+}
+
+async fn event_inner(
+    api: &OrdersApi,
+    order: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    check_service(api, headers)?;
+    check_order(order)?;
+    let key = idempotency_key(headers)?;
+    let m = json_object(body)?;
+    let event = field(&m, "event")?;
+    if !matches!(event, "picked_up" | "delivered") {
+        return Err(fail(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "event must be \"picked_up\" or \"delivered\"",
+        ));
+    }
+    // serde_json's map is ordered by key: the same content gives the same fingerprint
+    // whatever its spacing or field order.
+    let fingerprint = serde_json::to_string(&m).expect("a JSON object serializes");
+    let now = courier_wire::clock::unix_now();
+    let answer = json!({ "order": order, "event": event, "at": now }).to_string();
+    let mut conn = api.redis.clone();
+    let (outcome, record): (String, String) = api
+        .event
+        .key(format!("{}{order}:{key}", api.keys.order_event_idem))
+        .key(&api.keys.order_courier)
+        .key(&api.keys.order)
+        .key(&api.keys.orders_ended)
+        .arg(order)
+        .arg(event)
+        .arg(&fingerprint)
+        .arg(now)
+        .arg(api.idempotency_ttl.as_secs())
+        .arg(api.token_ttl.as_secs().max(60))
+        .arg(&api.keys.orders_ended_channel)
+        .arg(&answer)
+        .invoke_async(&mut conn)
+        .await
+        .map_err(redis_failed)?;
+    match outcome.as_str() {
+        "done" => {
+            if event == "delivered" {
+                // This process at once; the others through the channel.
+                end_here(&api.hub, &api.stats, order);
+            }
+            Ok(recorded(&answer, false))
+        }
+        "replay" => {
+            let (first_fp, first_answer) = record.split_once('\n').unwrap_or(("", ""));
+            if first_fp != fingerprint {
+                return Err(fail(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "unprocessable",
+                    "this Idempotency-Key was used with a different request",
+                ));
+            }
+            Ok(recorded(first_answer, true))
+        }
+        "ended" => Err(fail(
+            StatusCode::CONFLICT,
+            "conflict",
+            "the order has ended",
+        )),
+        _ => Err(fail(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no running order with this id",
+        )),
+    }
+}
+
+/// The recorded answer, as first given.
+fn recorded(answer: &str, replayed: bool) -> Response {
+    let mut r = (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        answer.to_string(),
+    )
+        .into_response();
+    if replayed {
+        r.headers_mut().insert(
+            "idempotent-replayed",
+            header::HeaderValue::from_static("true"),
+        );
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret(b"abcdef0123456789", b"abcdef0123456789"));
+        assert!(!same_secret(b"abcdef0123456789", b"abcdef012345678"));
+        assert!(!same_secret(b"abcdef0123456789", b"abcdef012345678X"));
+    }
+
+    #[test]
+    fn idempotency_keys_are_checked() {
+        let mut h = HeaderMap::new();
+        assert!(idempotency_key(&h).is_err());
+        h.insert("idempotency-key", "a b".parse().unwrap());
+        assert!(idempotency_key(&h).is_err());
+        h.insert("idempotency-key", "evt-1:abc".parse().unwrap());
+        assert_eq!(idempotency_key(&h).unwrap(), "evt-1:abc");
+    }
+
+    #[test]
+    fn bodies_must_be_objects_with_string_fields() {
+        assert!(json_object(b"[1]").is_err());
+        assert!(json_object(b"nope").is_err());
+        let m = json_object(br#"{"event":"delivered","n":1}"#).unwrap();
+        assert_eq!(field(&m, "event").unwrap(), "delivered");
+        assert!(field(&m, "n").is_err());
+    }
+}
