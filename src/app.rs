@@ -90,11 +90,13 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), AppError> {
     let handle = telemetry::install_recorder();
+    let readiness = Arc::new(telemetry::Readiness::default());
     if let Some(addr) = config.metrics_listen {
         let l = listener("metrics", addr)?;
         let stop = shutdown.clone();
+        let ready = readiness.clone();
         tokio::spawn(async move {
-            if let Err(e) = telemetry::serve_metrics(l, handle, stop).await {
+            if let Err(e) = telemetry::serve_metrics(l, handle, ready, stop).await {
                 tracing::error!(error = %e, "metrics endpoint stopped");
             }
         });
@@ -118,6 +120,7 @@ pub async fn run(
             };
             broker::secure(&mut bc, tls.as_ref(), keys)?;
             broker::start(bc, *listen)?;
+            readiness.add("broker", || true);
             match tls {
                 Some(t) => {
                     tracing::info!(%listen, tls = %t.listen, logins = *auth, "embedded broker listening")
@@ -160,9 +163,12 @@ pub async fn run(
             redis_url: config.redis_url.clone(),
             keys: config.keys.clone(),
             validation: config.ingest.validation(),
-            stats: history_stats,
+            stats: history_stats.clone(),
             clock,
         };
+        let (m, p) = (history_stats.clone(), history_stats.clone());
+        readiness.add("history.mqtt", move || m.mqtt_up.get());
+        readiness.add("history.postgres", move || p.pg_up.get());
         tracing::info!(group = %config.history.group, "history writer starting");
         let stop = shutdown.clone();
         roles.spawn(async move { Ok(writer.run(stop).await?) });
@@ -173,13 +179,17 @@ pub async fn run(
             mqtt: config.worker_endpoint("ingest"),
             redis_url: config.redis_url.clone(),
             keys: config.keys.clone(),
-            stats,
+            stats: stats.clone(),
         };
+        let (m, r) = (stats.clone(), stats.clone());
+        readiness.add("ingest.mqtt", move || m.mqtt_up.get());
+        readiness.add("ingest.redis", move || r.redis_up.get());
         tracing::info!(workers = config.ingest.workers, group = %config.ingest.group, "ingest starting");
         let stop = shutdown.clone();
         roles.spawn(async move { Ok(ingest.run(stop).await?) });
     }
     if role.runs(Role::Fanout) {
+        let fanout_stats = Arc::new(fanout::Stats::default());
         match (config.auth.clone(), config.fanout.service_key.is_some()) {
             (Some(keyring), true) => {
                 let fanout = Fanout {
@@ -189,11 +199,13 @@ pub async fn run(
                     keys: config.keys.clone(),
                     keyring,
                     ws_listen: config.ws_listen,
-                    stats: Arc::new(fanout::Stats::default()),
+                    stats: fanout_stats.clone(),
                 }
                 .prepare()
                 .await?;
                 routes.push(fanout.router());
+                let m = fanout_stats.clone();
+                readiness.add("fanout.mqtt", move || m.mqtt_up.get());
                 let l = listener("ws", config.ws_listen)?;
                 tracing::info!(ws = %config.ws_listen, "fanout viewer gateway listening");
                 let stop = shutdown.clone();

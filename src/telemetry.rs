@@ -71,10 +71,47 @@ pub fn install_recorder() -> PrometheusHandle {
         .clone()
 }
 
-/// Serves `/metrics` and `/healthz` until `shutdown`.
+/// One readiness check: a name and whether it holds now.
+type Check = (&'static str, Box<dyn Fn() -> bool + Send + Sync>);
+
+/// What `/readyz` asks: every role adds the connections it needs (broker, Redis, PostgreSQL).
+#[derive(Default)]
+pub struct Readiness {
+    checks: std::sync::RwLock<Vec<Check>>,
+}
+
+impl Readiness {
+    pub fn add(&self, name: &'static str, check: impl Fn() -> bool + Send + Sync + 'static) {
+        if let Ok(mut c) = self.checks.write() {
+            c.push((name, Box::new(check)));
+        }
+    }
+
+    /// Ready when at least one check is registered and all hold; the body names each check.
+    pub fn report(&self) -> (bool, String) {
+        let Ok(checks) = self.checks.read() else {
+            return (false, "{\"ready\":false}".into());
+        };
+        let results: Vec<(&str, bool)> = checks.iter().map(|(n, f)| (*n, f())).collect();
+        let ready = !results.is_empty() && results.iter().all(|(_, ok)| *ok);
+        let body = results
+            .iter()
+            .map(|(n, ok)| format!("\"{n}\":{ok}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        (
+            ready,
+            format!("{{\"ready\":{ready},\"checks\":{{{body}}}}}\n"),
+        )
+    }
+}
+
+/// Serves `/metrics`, `/healthz` (the process answers) and `/readyz` (its connections are up)
+/// until `shutdown`.
 pub async fn serve_metrics(
     listener: tokio::net::TcpListener,
     handle: PrometheusHandle,
+    readiness: std::sync::Arc<Readiness>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     use axum::{routing::get, Router};
@@ -91,7 +128,19 @@ pub async fn serve_metrics(
     });
     let app = Router::new()
         .route("/metrics", get(move || std::future::ready(handle.render())))
-        .route("/healthz", get(|| std::future::ready("ok\n")));
+        .route("/healthz", get(|| std::future::ready("ok\n")))
+        .route(
+            "/readyz",
+            get(move || {
+                let (ready, body) = readiness.report();
+                let code = if ready {
+                    axum::http::StatusCode::OK
+                } else {
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE
+                };
+                std::future::ready((code, [("content-type", "application/json")], body))
+            }),
+        );
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await

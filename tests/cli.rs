@@ -53,6 +53,16 @@ fn a_bad_setting_stops_start_up_with_one_line_naming_it() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+fn scrape_path(addr: std::net::SocketAddr, path: &str) -> String {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = write!(s, "GET {path} HTTP/1.0\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
 fn scrape(addr: std::net::SocketAddr) -> String {
     let Ok(mut s) = TcpStream::connect(addr) else {
         return String::new();
@@ -127,6 +137,29 @@ async fn run_takes_a_point_serves_metrics_and_stops_on_sigterm() {
             .success()
     };
     assert!(health(format!("http://{metrics}/healthz")));
+    // Every role of `run` reports its connections; the point went through, so all are up.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !health(format!("http://{metrics}/readyz")) {
+        assert!(
+            Instant::now() < deadline,
+            "never ready: {}",
+            scrape_path(metrics, "/readyz")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ready = scrape_path(metrics, "/readyz");
+    for check in [
+        "broker",
+        "ingest.mqtt",
+        "ingest.redis",
+        "history.mqtt",
+        "history.postgres",
+    ] {
+        assert!(
+            ready.contains(&format!("\"{check}\":true")),
+            "{check} missing: {ready}"
+        );
+    }
     assert!(!health(format!("http://{metrics}/nothing-here")));
     assert!(!health(format!("http://{}/healthz", free_addr())));
 
@@ -216,5 +249,36 @@ fn the_embedded_broker_will_not_admit_anyone_without_keys() {
     assert!(
         err.lines().any(|l| l.starts_with("error: AUTH_KEYS")),
         "{err}"
+    );
+}
+
+#[test]
+fn readyz_says_no_while_the_broker_is_unreachable() {
+    let metrics = free_addr();
+    let mut child = Command::new(BIN)
+        .arg("ingest")
+        .env("MQTT_URL", format!("mqtt://{}", free_addr()))
+        .env("METRICS_LISTEN", metrics.to_string())
+        .env("REDIS_URL", &services().redis_url)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !scrape_path(metrics, "/healthz").contains("200 OK") {
+        assert!(Instant::now() < deadline, "never alive");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let ready = scrape_path(metrics, "/readyz");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        ready.starts_with("HTTP/1.0 503") || ready.starts_with("HTTP/1.1 503"),
+        "{ready}"
+    );
+    assert!(
+        ready.contains("\"ingest.mqtt\":false") && ready.contains("\"ingest.redis\":true"),
+        "{ready}"
     );
 }

@@ -78,6 +78,8 @@ pub struct Stats {
     pub tracks_received: AtomicU64,
     /// SUBACKs of the source's `track/+` subscription: readiness.
     pub source_subscribed: AtomicU64,
+    /// The `track/+` subscription is up (readiness).
+    pub mqtt_up: courier_wire::health::Up,
     /// Orders ended in this process (by the API or an announcement from another process).
     pub orders_ended: AtomicU64,
 }

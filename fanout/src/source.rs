@@ -68,10 +68,12 @@ pub(crate) async fn tracks(
                         tracing::error!("broker refused the track/+ subscription");
                     } else {
                         stats.source_subscribed.fetch_add(1, Relaxed);
+                        stats.mqtt_up.set(true);
                     }
                 }
                 Ok(_) => {}
                 Err(e) => {
+                    stats.mqtt_up.set(false);
                     disconnected.increment(1);
                     tracing::warn!(error = %e, "fanout source: mqtt connection failed; retrying in 1s");
                     tokio::select! {

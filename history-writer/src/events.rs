@@ -129,6 +129,10 @@ pub struct Stats {
     pub partitions_dropped: AtomicU64,
     /// SUBACKs received by the MQTT clients: readiness.
     pub subscriptions_acked: AtomicU64,
+    /// The MQTT connection is subscribed (readiness).
+    pub mqtt_up: courier_wire::health::Up,
+    /// The last PostgreSQL write (or start-up check) succeeded (readiness).
+    pub pg_up: courier_wire::health::Up,
     pub commit_lag: LagHistogram,
 }
 
@@ -218,6 +222,7 @@ impl Metrics {
     pub(crate) fn written(&self, stats: &Stats, rows: u64, lags: &[f64]) {
         self.written.increment(rows);
         stats.written.fetch_add(rows, Relaxed);
+        stats.pg_up.set(true);
         stats.batches.fetch_add(1, Relaxed);
         let mut counts: LagCounts = [0; LAG_BUCKETS];
         for &l in lags {

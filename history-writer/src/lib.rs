@@ -149,6 +149,7 @@ impl HistoryWriter {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), HistoryError> {
         let mut admin = sink::connect(&self.database_url, "courier-history-upkeep").await?;
         let applied = migrate::migrate(&mut admin).await?;
+        self.stats.pg_up.set(true);
         if !applied.is_empty() {
             tracing::info!(versions = ?applied, "history: migrations applied");
         }

@@ -107,10 +107,12 @@ pub(crate) async fn receive(
                         tracing::error!("broker refused the history subscription");
                     } else {
                         stats.subscriptions_acked.fetch_add(1, Relaxed);
+                        stats.mqtt_up.set(true);
                     }
                 }
                 Ok(_) => {}
                 Err(e) => {
+                    stats.mqtt_up.set(false);
                     disconnected.increment(1);
                     tracing::warn!(error = %e, "history mqtt connection failed; retrying in 1s");
                     tokio::select! {

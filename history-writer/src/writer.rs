@@ -211,6 +211,7 @@ impl Writer {
                     }
                 }
                 Err(e) if e.is_retryable() => {
+                    self.stats.pg_up.set(false);
                     self.stats
                         .copy_failures
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -24,6 +24,10 @@ pub struct Stats {
     pub batches: AtomicU64,
     /// SUBACKs received by the workers (two per worker per connection): readiness.
     pub subscriptions_acked: AtomicU64,
+    /// The MQTT connection is subscribed (readiness).
+    pub mqtt_up: courier_wire::health::Up,
+    /// The last Redis call succeeded (readiness).
+    pub redis_up: courier_wire::health::Up,
 }
 
 impl Stats {

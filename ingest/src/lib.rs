@@ -45,6 +45,7 @@ impl Ingest {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), IngestError> {
         self.config.validate().map_err(IngestError::Config)?;
         let sink = RedisSink::connect(&self.redis_url, self.keys.clone()).await?;
+        self.stats.redis_up.set(true);
         let metrics = Arc::new(events::Metrics::new());
         let tasks = TaskTracker::new();
         for n in 0..self.config.workers {

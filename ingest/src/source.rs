@@ -74,10 +74,12 @@ pub(crate) async fn receive(
                         tracing::error!("broker refused a subscription");
                     } else {
                         stats.subscriptions_acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        stats.mqtt_up.set(true);
                     }
                 }
                 Ok(_) => {}
                 Err(e) => {
+                    stats.mqtt_up.set(false);
                     disconnected.increment(1);
                     tracing::warn!(error = %e, "mqtt connection failed; retrying in 1s");
                     tokio::select! {

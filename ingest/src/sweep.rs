@@ -31,6 +31,7 @@ pub(crate) async fn run(
         loop {
             match sink.evict(cutoff, EVICT_LIMIT).await {
                 Ok(n) => {
+                    stats.redis_up.set(true);
                     if n > 0 {
                         metrics.evicted_silent(&stats, n);
                         tracing::debug!(couriers = n, "evicted silent couriers");
@@ -40,6 +41,7 @@ pub(crate) async fn run(
                     }
                 }
                 Err(e) => {
+                    stats.redis_up.set(false);
                     tracing::warn!(error = %e, "eviction sweep failed; next tick retries");
                     break;
                 }

@@ -157,11 +157,13 @@ async fn call_with_retry(
         let t0 = Instant::now();
         match ctx.sink.batch(args).await {
             Ok(v) => {
+                ctx.stats.redis_up.set(true);
                 ctx.metrics.redis_seconds.record(t0.elapsed().as_secs_f64());
                 return Ok(v);
             }
             Err(e) => {
                 let retryable = e.is_retryable();
+                ctx.stats.redis_up.set(!retryable);
                 ctx.metrics.redis_error(retryable);
                 if !retryable || started.elapsed() + backoff > ctx.retry_for {
                     return Err(e);
