@@ -95,6 +95,24 @@ enum TokenCommand {
         #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
         ttl: Duration,
     },
+    /// A courier's device token (MQTT password; username = the courier id), signed with the
+    /// first key of AUTH_KEYS. Rotation: put a new key first, re-issue, then drop the old key.
+    Courier {
+        /// The courier id, e.g. c00042.
+        #[arg(long)]
+        id: String,
+        /// How long it is valid.
+        #[arg(long, default_value = "30d", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+    },
+    /// A worker's broker credential (service scope), for a worker on another host.
+    Service {
+        /// The role it is for, e.g. ingest.
+        #[arg(long)]
+        role: String,
+        #[arg(long, default_value = "365d", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+    },
 }
 
 #[derive(Args)]
@@ -171,6 +189,24 @@ fn real_main() -> anyhow::Result<()> {
             Command::Migrate => return migrate(&config.database_url).await,
             Command::Token(TokenCommand::Support { actor, ttl }) => {
                 return support_token(config.auth.as_ref(), &actor, ttl)
+            }
+            Command::Token(TokenCommand::Courier { id, ttl }) => {
+                anyhow::ensure!(
+                    courier_wire::topic::valid_id(&id),
+                    "--id: not a valid courier id"
+                );
+                return mint(config.auth.as_ref(), |now| {
+                    courier_auth::Claims::courier(&id, now, ttl.as_secs())
+                });
+            }
+            Command::Token(TokenCommand::Service { role, ttl }) => {
+                anyhow::ensure!(
+                    courier_wire::topic::valid_id(&role),
+                    "--role: letters, digits, - and _ only"
+                );
+                return mint(config.auth.as_ref(), |now| {
+                    courier_auth::Claims::service(&role, now, ttl.as_secs())
+                });
             }
             Command::Health { .. } => unreachable!("handled before the runtime starts"),
             Command::Simulate(a) => {
@@ -293,6 +329,17 @@ fn support_token(
         exp: now + ttl.as_secs(),
     };
     println!("{}", keys.sign(&claims));
+    Ok(())
+}
+
+/// Prints a token signed with the first key of AUTH_KEYS.
+fn mint(
+    keys: Option<&courier_auth::Keyring>,
+    claims: impl FnOnce(u64) -> courier_auth::Claims,
+) -> anyhow::Result<()> {
+    let keys = keys.context("AUTH_KEYS is not set: tokens are signed with it (kid:secret, a secret of at least 16 bytes)")?;
+    let now = courier_wire::clock::unix_now() as u64;
+    println!("{}", keys.sign(&claims(now)));
     Ok(())
 }
 

@@ -8,6 +8,7 @@ use courier_auth::{Claims, Keyring};
 use courier_pipeline::broker::{self, TlsListener};
 use courier_wire::{loc_topic, Keys, MqttEndpoint};
 use rumqttc::{AsyncClient, Event, Packet};
+use std::process::Command;
 use std::time::Duration;
 use support::*;
 
@@ -138,4 +139,51 @@ async fn logins_are_checked_and_tls_carries_points() {
     ing.stop().await;
     cleanup(&prefix_keys).await;
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `courier-pipeline token courier` mints what the broker admits, for that courier only; after a
+/// key rotation (new key first, old key still listed) the old token still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_minted_courier_tokens_log_in_and_survive_rotation() {
+    const BIN: &str = env!("CARGO_BIN_EXE_courier-pipeline");
+    let mint = |keys: &str, id: &str| {
+        let out = Command::new(BIN)
+            .args(["token", "courier", "--id", id, "--ttl", "10m"])
+            .env("AUTH_KEYS", keys)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let old = mint("k1:first-key-of-this-test-0123456", "c9");
+    let rotated = "k2:second-key-of-this-test-012345,k1:first-key-of-this-test-0123456";
+    let new = mint(rotated, "c9");
+    assert!(new.starts_with("v1.k2."));
+    let plain = free_addr();
+    let mut config = broker::load_config(None, plain).unwrap();
+    broker::secure(&mut config, None, Some(Keyring::parse(rotated).unwrap())).unwrap();
+    broker::start(config, plain).unwrap();
+    let ep = MqttEndpoint::new("127.0.0.1", plain.port());
+    assert!(
+        admitted(&login(&ep, "c9", &old)).await,
+        "token of the previous key refused"
+    );
+    assert!(
+        admitted(&login(&ep, "c9", &new)).await,
+        "token of the new key refused"
+    );
+    assert!(
+        !admitted(&login(&ep, "c10", &new)).await,
+        "c9's token admitted as c10"
+    );
+    let out = Command::new(BIN)
+        .args(["token", "courier", "--id", "c9"])
+        .env_remove("AUTH_KEYS")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
 }
