@@ -87,3 +87,59 @@ pub const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.
 pub const HISTORY_BATCH_BUCKETS: &[f64] = &[
     1.0, 10.0, 100.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 20000.0, 50000.0,
 ];
+
+/// Every metric name above (for checks of dashboards and alert rules).
+pub const ALL: &[&str] = &[
+    INGEST_POINTS,
+    INGEST_INVALID,
+    INGEST_RECEIVED,
+    INGEST_QUEUE_DROPPED,
+    INGEST_QUEUE_DEPTH,
+    INGEST_BATCH_SIZE,
+    INGEST_REDIS_SECONDS,
+    INGEST_REDIS_ERRORS,
+    INGEST_PHONE_LAG_SECONDS,
+    INGEST_SEQ_RESETS,
+    INGEST_TRACKS_PUBLISHED,
+    INGEST_TRACKS_DROPPED,
+    INGEST_EVICTED,
+    MQTT_CONNECTION_EVENTS,
+    BROKER_CURSOR_JUMPS,
+    BROKER_LOGINS,
+    BROKER_ALERTS_OTHER,
+    FANOUT_VIEWERS_CONNECTED,
+    FANOUT_REFUSALS,
+    FANOUT_POINTS_SENT,
+    FANOUT_POINTS_DROPPED,
+    FANOUT_ORDER_EVENTS,
+    FANOUT_TRACKS_RECEIVED,
+    HISTORY_ROWS_RECEIVED,
+    HISTORY_ROWS_WRITTEN,
+    HISTORY_ROWS_DROPPED,
+    HISTORY_INVALID,
+    HISTORY_BUFFER_DEPTH,
+    HISTORY_BATCH_SIZE,
+    HISTORY_COPY_SECONDS,
+    HISTORY_COMMIT_LAG_SECONDS,
+    HISTORY_PARTITIONS_CREATED,
+    HISTORY_PARTITIONS_DROPPED,
+    TRAIL_REQUESTS,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_prometheus_names() {
+        let mut seen = std::collections::HashSet::new();
+        for n in ALL {
+            assert!(seen.insert(n), "{n} twice");
+            assert!(
+                n.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                "{n}"
+            );
+        }
+    }
+}
