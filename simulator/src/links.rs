@@ -1,0 +1,117 @@
+//! The MQTT edge of the couriers: connections and their event-loop tasks.
+//!
+//! A courier's own connection carries his Last Will (`offline` on `couriers/<id>/status`).
+//! Dropping its [`Link`] ends the event-loop task without a DISCONNECT, as a phone losing the
+//! network does, so the broker publishes the Will. Connection attempts take a permit from a
+//! semaphore: tens of thousands of phones ramp up instead of flooding the accept queue.
+
+use crate::report::SimStats;
+use courier_wire::MqttEndpoint;
+use rumqttc::{AsyncClient, Event, EventLoop, LastWill, Outgoing, Packet, QoS};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{oneshot, Semaphore};
+use tokio_util::task::TaskTracker;
+
+/// One open (or opening) MQTT connection.
+pub struct Link {
+    pub client: AsyncClient,
+    /// Dropped with the link: the event-loop task ends at once, without DISCONNECT.
+    _kill: oneshot::Sender<()>,
+}
+
+/// What every connection of one simulator shares.
+#[derive(Clone)]
+pub struct Opener {
+    pub endpoint: MqttEndpoint,
+    pub stats: Arc<SimStats>,
+    pub permits: Arc<Semaphore>,
+    pub tasks: TaskTracker,
+}
+
+impl Opener {
+    /// Opens a connection; `will` is the courier whose Last Will it carries. `capacity` bounds
+    /// its request queue.
+    pub fn open(&self, n: usize, will: Option<&str>, capacity: usize) -> Link {
+        let mut o = courier_wire::mqtt::options(
+            &self.endpoint,
+            &courier_wire::mqtt::client_id("sim", n),
+            capacity,
+        );
+        // QoS 0 only: no packet ids to track, so a small inflight window keeps each of tens of
+        // thousands of phone connections light.
+        o.set_inflight(10);
+        if let Some(id) = will {
+            o.set_last_will(LastWill::new(
+                courier_wire::status_topic(id),
+                "offline",
+                QoS::AtMostOnce,
+                false,
+            ));
+        }
+        let (client, eventloop) = AsyncClient::new(o, capacity);
+        let (kill, killed) = oneshot::channel();
+        self.tasks.spawn(drive(
+            eventloop,
+            killed,
+            self.stats.clone(),
+            self.permits.clone(),
+        ));
+        Link {
+            client,
+            _kill: kill,
+        }
+    }
+}
+
+async fn drive(
+    mut el: EventLoop,
+    mut killed: oneshot::Receiver<()>,
+    stats: Arc<SimStats>,
+    permits: Arc<Semaphore>,
+) {
+    let mut up = false;
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let permit = if up {
+            None
+        } else {
+            tokio::select! {
+                _ = &mut killed => break,
+                p = permits.clone().acquire_owned() => p.ok(),
+            }
+        };
+        let ev = tokio::select! {
+            _ = &mut killed => break,
+            ev = el.poll() => ev,
+        };
+        drop(permit);
+        match ev {
+            Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                up = true;
+                backoff = Duration::from_millis(250);
+                stats.connection_up();
+            }
+            Ok(Event::Outgoing(Outgoing::Disconnect)) => break,
+            Ok(_) => {}
+            Err(e) => {
+                if up {
+                    up = false;
+                    stats.connection_down();
+                } else {
+                    stats.connect_errors.fetch_add(1, Relaxed);
+                }
+                tracing::debug!(error = %e, "simulator connection failed; retrying");
+                tokio::select! {
+                    _ = &mut killed => break,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+    if up {
+        stats.connection_down();
+    }
+}
