@@ -120,6 +120,10 @@ struct SimArgs {
     /// phone-to-viewer delay.
     #[arg(long, default_value_t = 0)]
     orders: usize,
+    /// More addresses of the same broker; courier connections are spread over MQTT_URL and
+    /// these (one source address has about 28,000 ports per destination).
+    #[arg(long = "also-mqtt-url")]
+    also_mqtt_url: Vec<String>,
     /// Write every figure of the run to this file as JSON.
     #[arg(long)]
     report: Option<PathBuf>,
@@ -255,9 +259,17 @@ async fn simulate(
     };
     cfg.validate().map_err(anyhow::Error::msg)?;
     let endpoint = config.broker.endpoint();
+    let also = a
+        .also_mqtt_url
+        .iter()
+        .map(|u| {
+            courier_wire::MqttEndpoint::parse(u).with_context(|| format!("--also-mqtt-url {u:?}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let sim = simulator::Simulator {
         config: cfg,
         mqtt: endpoint.clone(),
+        also,
         assigner: simulator::watchers::Assigner::Redis {
             url: config.redis_url.clone(),
             keys: config.keys.clone(),

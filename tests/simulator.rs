@@ -17,6 +17,7 @@ fn sim(broker: &TestBroker, keys: &Keys, config: SimConfig) -> Simulator {
     Simulator {
         config,
         mqtt: broker.endpoint.clone(),
+        also: vec![],
         assigner: Assigner::Redis {
             url: services().redis_url.clone(),
             keys: keys.clone(),

@@ -73,6 +73,10 @@ const WAKE_BATCH: usize = 4096;
 pub struct Simulator {
     pub config: SimConfig,
     pub mqtt: MqttEndpoint,
+    /// More addresses of the same broker (other listeners, or cluster nodes): courier
+    /// connections are spread over `mqtt` and these. One source address has about 28,000
+    /// ephemeral ports per destination, so 50,000 phones on one machine need two.
+    pub also: Vec<MqttEndpoint>,
     pub assigner: Assigner,
     pub viewer: Viewer,
     pub stats: Arc<SimStats>,
@@ -180,7 +184,11 @@ impl Simulator {
 
         // Couriers: shards of phones, each shard one task.
         let opener = Opener {
-            endpoint: self.mqtt.clone(),
+            endpoints: Arc::new(
+                std::iter::once(self.mqtt.clone())
+                    .chain(self.also.iter().cloned())
+                    .collect(),
+            ),
             stats: stats.clone(),
             permits: Arc::new(Semaphore::new(cfg.connect_concurrency)),
             tasks: TaskTracker::new(),
@@ -327,7 +335,7 @@ async fn shard(
     let mut rng = SmallRng::seed_from_u64(seed);
     let topics: Vec<String> = phones.iter().map(|p| loc_topic(&p.id)).collect();
     let mut conns = match cfg.connections {
-        Some(_) => Conns::Shared(opener.open(k, None, SHARED_QUEUE)),
+        Some(_) => Conns::Shared(opener.open(k, k, None, SHARED_QUEUE)),
         None => Conns::PerPhone((0..phones.len()).map(|_| None).collect()),
     };
     let stats = opener.stats.clone();
@@ -474,7 +482,7 @@ async fn apply(
             }
             Conns::PerPhone(links) => match a {
                 Action::Connect => {
-                    links[i] = Some(opener.open(i, Some(&phones[i].id), PHONE_QUEUE))
+                    links[i] = Some(opener.open(i, phones[i].n, Some(&phones[i].id), PHONE_QUEUE))
                 }
                 Action::Drop => links[i] = None,
                 Action::Online => {

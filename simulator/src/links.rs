@@ -24,19 +24,21 @@ pub struct Link {
 /// What every connection of one simulator shares.
 #[derive(Clone)]
 pub struct Opener {
-    pub endpoint: MqttEndpoint,
+    /// Connection `n` goes to `endpoints[n % len]`.
+    pub endpoints: Arc<Vec<MqttEndpoint>>,
     pub stats: Arc<SimStats>,
     pub permits: Arc<Semaphore>,
     pub tasks: TaskTracker,
 }
 
 impl Opener {
-    /// Opens a connection; `will` is the courier whose Last Will it carries. `capacity` bounds
-    /// its request queue.
-    pub fn open(&self, n: usize, will: Option<&str>, capacity: usize) -> Link {
+    /// Opens connection number `n` (of this shard: `i`); `will` is the courier whose Last Will
+    /// it carries. `capacity` bounds its request queue.
+    pub fn open(&self, i: usize, n: usize, will: Option<&str>, capacity: usize) -> Link {
+        let endpoint = &self.endpoints[n % self.endpoints.len()];
         let mut o = courier_wire::mqtt::options(
-            &self.endpoint,
-            &courier_wire::mqtt::client_id("sim", n),
+            endpoint,
+            &courier_wire::mqtt::client_id("sim", i),
             capacity,
         );
         // QoS 0 only: no packet ids to track, so a small inflight window keeps each of tens of

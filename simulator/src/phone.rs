@@ -98,6 +98,8 @@ impl Counts {
 #[derive(Debug, Clone)]
 pub struct Phone {
     pub id: String,
+    /// Number of the courier in the run (spreads connections over broker addresses).
+    pub n: usize,
     pub kind: Kind,
     pub plan: Plan,
     pub motion: Courier,
@@ -127,6 +129,7 @@ impl Phone {
         };
         Phone {
             id,
+            n: 0,
             kind,
             plan,
             motion,
