@@ -128,6 +128,7 @@ struct Row {
     lost_pct: f64,
     cursor_jumps: Option<f64>,
     queue_dropped: f64,
+    reconnects: f64,
     history: Option<f64>,
     delay: String,
     cpu: String,
@@ -135,14 +136,14 @@ struct Row {
 }
 
 fn header() -> String {
-    "| broker | rate asked | sent (msg/s) | received by ingest | accepted | lost | broker loss signal | ingest queue drops | history rows | delay p50 / p99 | CPU µs per point | RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|".to_string()
+    "| broker | rate asked | sent (msg/s) | received by ingest | accepted | lost | broker loss signal | ingest queue drops | ingest reconnects | history rows | delay p50 / p99 | CPU µs per point | RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|".to_string()
 }
 
 impl Row {
     fn line(&self) -> String {
         let opt = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.0}"));
         format!(
-            "| {} | {} | {} ({:.0}) | {:.0} | {:.0} | {:.2}% | {} | {:.0} | {} | {} | {} | {} |",
+            "| {} | {} | {} ({:.0}) | {:.0} | {:.0} | {:.2}% | {} | {:.0} | {:.0} | {} | {} | {} | {} |",
             self.mode,
             self.rate,
             self.sent,
@@ -152,6 +153,7 @@ impl Row {
             self.lost_pct,
             opt(self.cursor_jumps),
             self.queue_dropped,
+            self.reconnects,
             opt(self.history),
             self.delay,
             self.cpu,
@@ -343,6 +345,11 @@ fn main() {
                     None
                 },
                 queue_dropped: d("ingest_queue_dropped_total", None).unwrap_or(0.0),
+                reconnects: d(
+                    "mqtt_connection_events_total",
+                    Some("state=\"disconnected\""),
+                )
+                .unwrap_or(0.0),
                 history: d("history_rows_written_total", None),
                 delay: format!(
                     "{} / {} ms",

@@ -52,7 +52,8 @@ impl Opener {
                 false,
             ));
         }
-        let (client, eventloop) = AsyncClient::new(o, capacity);
+        let (client, mut eventloop) = AsyncClient::new(o, capacity);
+        no_delay(&mut eventloop);
         let (kill, killed) = oneshot::channel();
         self.tasks.spawn(drive(
             eventloop,
@@ -65,6 +66,14 @@ impl Opener {
             _kill: kill,
         }
     }
+}
+
+/// Phones send one small packet at a time: without TCP_NODELAY, Nagle's algorithm holds each
+/// behind the previous one's ACK and adds milliseconds to the phone-to-viewer delay.
+pub fn no_delay(el: &mut EventLoop) {
+    let mut n = el.network_options();
+    n.set_tcp_nodelay(true);
+    el.set_network_options(n);
 }
 
 async fn drive(

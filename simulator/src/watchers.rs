@@ -111,6 +111,7 @@ pub async fn watch(
                 10,
             );
             let (client, mut el) = AsyncClient::new(o, 10);
+            crate::links::no_delay(&mut el);
             let topic = courier_wire::track_topic(&order);
             loop {
                 let ev = tokio::select! {
