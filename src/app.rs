@@ -56,23 +56,13 @@ pub struct RunOptions {
 
 /// Binds now, so that a port in use is a start-up error rather than a log line.
 fn listener(what: &'static str, addr: SocketAddr) -> Result<tokio::net::TcpListener, AppError> {
-    let l = std::net::TcpListener::bind(addr).map_err(|source| AppError::Listen {
-        what,
-        addr,
-        source,
-    })?;
-    l.set_nonblocking(true)
-        .map_err(|source| AppError::Listen { what, addr, source })?;
+    let l = std::net::TcpListener::bind(addr).map_err(|source| AppError::Listen { what, addr, source })?;
+    l.set_nonblocking(true).map_err(|source| AppError::Listen { what, addr, source })?;
     tokio::net::TcpListener::from_std(l).map_err(|source| AppError::Listen { what, addr, source })
 }
 
 /// Runs `role` until `shutdown`, then stops intake, drains and returns.
-pub async fn run(
-    config: Config,
-    role: Role,
-    opts: RunOptions,
-    shutdown: CancellationToken,
-) -> Result<(), AppError> {
+pub async fn run(config: Config, role: Role, opts: RunOptions, shutdown: CancellationToken) -> Result<(), AppError> {
     let handle = telemetry::install_recorder();
     if let Some(addr) = config.metrics_listen {
         let l = listener("metrics", addr)?;
@@ -85,13 +75,7 @@ pub async fn run(
     }
 
     match (&config.broker, role) {
-        (
-            Broker::Embedded {
-                listen,
-                config: file,
-            },
-            Role::All | Role::Broker,
-        ) => {
+        (Broker::Embedded { listen, config: file }, Role::All | Role::Broker) => {
             let bc = broker::load_config(file.as_deref(), *listen)?;
             broker::start(bc, *listen)?;
             tracing::info!(%listen, "embedded broker listening");
@@ -121,19 +105,13 @@ pub async fn run(
     }
     if !routes.is_empty() {
         let l = listener("http", config.http_listen)?;
-        let app = routes
-            .into_iter()
-            .fold(axum::Router::new(), axum::Router::merge);
+        let app = routes.into_iter().fold(axum::Router::new(), axum::Router::merge);
         let stop = shutdown.clone();
         roles.spawn(async move {
             axum::serve(l, app)
                 .with_graceful_shutdown(async move { stop.cancelled().await })
                 .await
-                .map_err(|source| AppError::Listen {
-                    what: "http",
-                    addr: config.http_listen,
-                    source,
-                })
+                .map_err(|source| AppError::Listen { what: "http", addr: config.http_listen, source })
         });
     }
     if roles.is_empty() {
@@ -144,9 +122,7 @@ pub async fn run(
 
     let mut first_error = None;
     while let Some(joined) = roles.join_next().await {
-        let result = joined
-            .map_err(|e| AppError::Panicked(e.to_string()))
-            .and_then(|r| r);
+        let result = joined.map_err(|e| AppError::Panicked(e.to_string())).and_then(|r| r);
         if let Err(e) = result {
             tracing::error!(error = %e, "role failed; stopping the others");
             shutdown.cancel();

@@ -26,10 +26,7 @@ pub enum BrokerError {
 
 /// Reads a rumqttd configuration (the shipped one when `path` is `None`) and sets the address
 /// of its first v4 listener.
-pub fn load_config(
-    path: Option<&Path>,
-    listen: SocketAddr,
-) -> Result<rumqttd::Config, BrokerError> {
+pub fn load_config(path: Option<&Path>, listen: SocketAddr) -> Result<rumqttd::Config, BrokerError> {
     let (name, text) = match path {
         Some(p) => (
             p.display().to_string(),
@@ -69,9 +66,7 @@ pub fn start(config: rumqttd::Config, listen: SocketAddr) -> Result<(), BrokerEr
         reason: e.to_string(),
     })?;
     let mut broker = rumqttd::Broker::new(config);
-    let alerts = broker
-        .alerts()
-        .map_err(|e| BrokerError::Start(e.to_string()))?;
+    let alerts = broker.alerts().map_err(|e| BrokerError::Start(e.to_string()))?;
     std::thread::Builder::new()
         .name("broker-alerts".into())
         .spawn(move || {

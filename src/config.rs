@@ -153,10 +153,7 @@ pub struct Overrides {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Broker {
     /// Start rumqttd in this process, listening here.
-    Embedded {
-        listen: SocketAddr,
-        config: Option<PathBuf>,
-    },
+    Embedded { listen: SocketAddr, config: Option<PathBuf> },
     External(MqttEndpoint),
 }
 
@@ -164,9 +161,7 @@ impl Broker {
     /// The address clients of this process connect to.
     pub fn endpoint(&self) -> MqttEndpoint {
         match self {
-            Broker::Embedded { listen, .. } => {
-                MqttEndpoint::new(listen.ip().to_string(), listen.port())
-            }
+            Broker::Embedded { listen, .. } => MqttEndpoint::new(listen.ip().to_string(), listen.port()),
             Broker::External(e) => e.clone(),
         }
     }
@@ -205,10 +200,8 @@ fn err(setting: &str, reason: impl ToString) -> ConfigError {
 
 impl FileConfig {
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| err("--config", format!("{}: {e}", path.display())))?;
-        Self::from_toml(&text)
-            .map_err(|e| err("--config", format!("{}: {}", path.display(), e.reason)))
+        let text = std::fs::read_to_string(path).map_err(|e| err("--config", format!("{}: {e}", path.display())))?;
+        Self::from_toml(&text).map_err(|e| err("--config", format!("{}: {}", path.display(), e.reason)))
     }
 
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
@@ -242,49 +235,27 @@ impl FileConfig {
             self.auth.keys = Some(v);
         }
         let broker = match &self.mqtt.url {
-            Some(url) => {
-                Broker::External(MqttEndpoint::parse(url).map_err(|e| err("MQTT_URL", e))?)
-            }
+            Some(url) => Broker::External(MqttEndpoint::parse(url).map_err(|e| err("MQTT_URL", e))?),
             None => Broker::Embedded {
-                listen: self
-                    .mqtt
-                    .listen
-                    .parse()
-                    .map_err(|e| err("MQTT_LISTEN", format!("{:?}: {e}", self.mqtt.listen)))?,
+                listen: self.mqtt.listen.parse().map_err(|e| err("MQTT_LISTEN", format!("{:?}: {e}", self.mqtt.listen)))?,
                 config: self.mqtt.broker_config.clone(),
             },
         };
-        if !(self.redis.url.starts_with("redis://")
-            || self.redis.url.starts_with("rediss://")
-            || self.redis.url.starts_with("unix://"))
-        {
-            return Err(err(
-                "REDIS_URL",
-                format!("{:?} is not a redis:// URL", self.redis.url),
-            ));
+        if !(self.redis.url.starts_with("redis://") || self.redis.url.starts_with("rediss://") || self.redis.url.starts_with("unix://")) {
+            return Err(err("REDIS_URL", format!("{:?} is not a redis:// URL", self.redis.url)));
         }
         let metrics_listen = match self.metrics.listen.as_str() {
             "off" | "" => None,
-            v => Some(
-                v.parse()
-                    .map_err(|e| err("METRICS_LISTEN", format!("{v:?}: {e}")))?,
-            ),
+            v => Some(v.parse().map_err(|e| err("METRICS_LISTEN", format!("{v:?}: {e}")))?),
         };
-        if !(self.database.url.starts_with("postgres://")
-            || self.database.url.starts_with("postgresql://"))
-        {
+        if !(self.database.url.starts_with("postgres://") || self.database.url.starts_with("postgresql://")) {
             return Err(err("DATABASE_URL", "expected a postgres:// URL"));
         }
-        let addr = |name: &str, v: &str| {
-            v.parse::<SocketAddr>()
-                .map_err(|e| err(name, format!("{v:?}: {e}")))
-        };
+        let addr = |name: &str, v: &str| v.parse::<SocketAddr>().map_err(|e| err(name, format!("{v:?}: {e}")));
         let http_listen = addr("HTTP_LISTEN", &self.http.listen)?;
         let ws_listen = addr("WS_LISTEN", &self.http.ws_listen)?;
         let auth = match &self.auth.keys {
-            Some(spec) => {
-                Some(courier_auth::Keyring::parse(spec).map_err(|e| err("AUTH_KEYS", e))?)
-            }
+            Some(spec) => Some(courier_auth::Keyring::parse(spec).map_err(|e| err("AUTH_KEYS", e))?),
             None => None,
         };
         self.ingest.validate().map_err(|e| {
@@ -315,10 +286,7 @@ mod tests {
         let c = FileConfig::default().resolve(Overrides::default()).unwrap();
         assert_eq!(
             c.broker,
-            Broker::Embedded {
-                listen: "127.0.0.1:1883".parse().unwrap(),
-                config: None
-            }
+            Broker::Embedded { listen: "127.0.0.1:1883".parse().unwrap(), config: None }
         );
         assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
         assert_eq!(c.keys, Keys::default());
@@ -341,77 +309,23 @@ mod tests {
         assert_eq!(c.redis_url, "redis://127.0.0.1:7000/");
         assert_eq!(c.keys.live, "{riyadh}:couriers:live");
         assert_eq!(c.ingest.evict_after, Duration::from_secs(120));
-        assert_eq!(
-            c.broker,
-            Broker::External(MqttEndpoint::new("127.0.0.1", 1884))
-        );
+        assert_eq!(c.broker, Broker::External(MqttEndpoint::new("127.0.0.1", 1884)));
     }
 
     #[test]
     fn bad_settings_name_themselves() {
         let bad = |o: Overrides| FileConfig::default().resolve(o).unwrap_err().setting;
-        assert_eq!(
-            bad(Overrides {
-                mqtt_url: Some("http://x".into()),
-                ..Default::default()
-            }),
-            "MQTT_URL"
-        );
-        assert_eq!(
-            bad(Overrides {
-                mqtt_listen: Some("nope".into()),
-                ..Default::default()
-            }),
-            "MQTT_LISTEN"
-        );
-        assert_eq!(
-            bad(Overrides {
-                redis_url: Some("localhost".into()),
-                ..Default::default()
-            }),
-            "REDIS_URL"
-        );
-        assert_eq!(
-            bad(Overrides {
-                metrics_listen: Some(":x".into()),
-                ..Default::default()
-            }),
-            "METRICS_LISTEN"
-        );
-        assert_eq!(
-            bad(Overrides {
-                database_url: Some("mysql://x".into()),
-                ..Default::default()
-            }),
-            "DATABASE_URL"
-        );
-        assert_eq!(
-            bad(Overrides {
-                http_listen: Some("x".into()),
-                ..Default::default()
-            }),
-            "HTTP_LISTEN"
-        );
-        assert_eq!(
-            bad(Overrides {
-                ws_listen: Some("x".into()),
-                ..Default::default()
-            }),
-            "WS_LISTEN"
-        );
-        assert_eq!(
-            bad(Overrides {
-                auth_keys: Some("k1:short".into()),
-                ..Default::default()
-            }),
-            "AUTH_KEYS"
-        );
+        assert_eq!(bad(Overrides { mqtt_url: Some("http://x".into()), ..Default::default() }), "MQTT_URL");
+        assert_eq!(bad(Overrides { mqtt_listen: Some("nope".into()), ..Default::default() }), "MQTT_LISTEN");
+        assert_eq!(bad(Overrides { redis_url: Some("localhost".into()), ..Default::default() }), "REDIS_URL");
+        assert_eq!(bad(Overrides { metrics_listen: Some(":x".into()), ..Default::default() }), "METRICS_LISTEN");
+        assert_eq!(bad(Overrides { database_url: Some("mysql://x".into()), ..Default::default() }), "DATABASE_URL");
+        assert_eq!(bad(Overrides { http_listen: Some("x".into()), ..Default::default() }), "HTTP_LISTEN");
+        assert_eq!(bad(Overrides { ws_listen: Some("x".into()), ..Default::default() }), "WS_LISTEN");
+        assert_eq!(bad(Overrides { auth_keys: Some("k1:short".into()), ..Default::default() }), "AUTH_KEYS");
         let e = FileConfig::from_toml("[ingest]\nbatch_size = 3\n").unwrap_err();
         assert!(e.reason.contains("batch_size"), "{e}");
-        let e = FileConfig::from_toml("[ingest]\nworkers = 0\n")
-            .unwrap()
-            .resolve(Overrides::default())
-            .unwrap_err();
+        let e = FileConfig::from_toml("[ingest]\nworkers = 0\n").unwrap().resolve(Overrides::default()).unwrap_err();
         assert_eq!(e.setting, "ingest.workers");
     }
 }

@@ -9,11 +9,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
-#[command(
-    name = "courier-pipeline",
-    version,
-    about = "Live courier locations: MQTT in, Redis GEO and order tracks out"
-)]
+#[command(name = "courier-pipeline", version, about = "Live courier locations: MQTT in, Redis GEO and order tracks out")]
 struct Cli {
     /// TOML configuration file (see README, "Configuration").
     #[arg(long, global = true, env = "COURIER_CONFIG")]
@@ -182,9 +178,7 @@ fn main() -> anyhow::Result<()> {
             Command::Simulate(a) => return simulate(a, config, shutdown).await,
             Command::Nearest(a) => return nearest(a, config).await,
         };
-        let opts = RunOptions {
-            status_every: opts.status_every,
-        };
+        let opts = RunOptions { status_every: opts.status_every };
         let task = tokio::spawn(app::run(config, role, opts, shutdown.clone()));
         tokio::pin!(task);
         tokio::select! {
@@ -198,9 +192,7 @@ fn main() -> anyhow::Result<()> {
                 tracing::info!("stopped cleanly");
                 Ok(())
             }
-            Err(_) => {
-                anyhow::bail!("shutdown took longer than {grace:?}; exiting with work undone")
-            }
+            Err(_) => anyhow::bail!("shutdown took longer than {grace:?}; exiting with work undone"),
         }
     })
 }

@@ -7,9 +7,8 @@ use tokio_util::sync::CancellationToken;
 
 /// Human-readable logs on stderr; `RUST_LOG` filters (default: info; rumqttd warnings, minus its per-disconnect routing noise).
 pub fn init_logs() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,rumqttd=warn,rumqttd::router::routing=off")
-    });
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rumqttd=warn,rumqttd::router::routing=off"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -23,12 +22,7 @@ pub fn install_recorder() -> PrometheusHandle {
         .get_or_init(|| {
             let builder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), m::SECONDS_BUCKETS)
-                .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        Matcher::Full(m::INGEST_BATCH_SIZE.into()),
-                        m::BATCH_BUCKETS,
-                    )
-                })
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(m::INGEST_BATCH_SIZE.into()), m::BATCH_BUCKETS))
                 .expect("bucket lists are non-empty constants");
             let recorder = builder.build_recorder();
             let handle = recorder.handle();

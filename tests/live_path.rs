@@ -41,10 +41,7 @@ fn now() -> f64 {
 }
 
 fn coord(courier: usize, seq: u64) -> (f64, f64) {
-    (
-        24.6 + courier as f64 * 0.001 + seq as f64 * 0.0001,
-        46.6 + seq as f64 * 0.0002,
-    )
+    (24.6 + courier as f64 * 0.001 + seq as f64 * 0.0001, 46.6 + seq as f64 * 0.0002)
 }
 
 async fn shuffled_points_over_two_workers_end_at_the_highest_seq(kind: BrokerKind) {
@@ -55,44 +52,25 @@ async fn shuffled_points_over_two_workers_end_at_the_highest_seq(kind: BrokerKin
 
     let (couriers, seqs) = (40usize, 25u64);
     let t0 = now() - 100.0;
-    let mut points: Vec<(usize, u64)> = (0..couriers)
-        .flat_map(|c| (1..=seqs).map(move |s| (c, s)))
-        .collect();
+    let mut points: Vec<(usize, u64)> = (0..couriers).flat_map(|c| (1..=seqs).map(move |s| (c, s))).collect();
     points.shuffle(&mut rand::rng());
     for &(c, s) in &points {
         let (lat, lon) = coord(c, s);
-        publish(
-            &pubc,
-            &loc_topic(&format!("k{c}")),
-            point(&format!("k{c}"), lat, lon, t0 + s as f64, s),
-        )
-        .await;
+        publish(&pubc, &loc_topic(&format!("k{c}")), point(&format!("k{c}"), lat, lon, t0 + s as f64, s)).await;
     }
     let total = points.len() as u64;
     let st = ing.stats.clone();
     assert!(
-        wait_until(Duration::from_secs(15), || st.accepted.load(Relaxed)
-            + st.stale.load(Relaxed)
-            >= total)
-        .await,
+        wait_until(Duration::from_secs(15), || st.accepted.load(Relaxed) + st.stale.load(Relaxed) >= total).await,
         "only {} of {total} points settled",
         st.settled()
     );
     let mut r = redis().await;
     for c in 0..couriers {
-        let got = geopos(&mut r, &keys, &format!("k{c}"))
-            .await
-            .expect("courier missing from live");
-        assert!(
-            near(got, coord(c, seqs)),
-            "courier k{c} at {got:?}, not at its highest seq"
-        );
+        let got = geopos(&mut r, &keys, &format!("k{c}")).await.expect("courier missing from live");
+        assert!(near(got, coord(c, seqs)), "courier k{c} at {got:?}, not at its highest seq");
     }
-    let live: u64 = redis::cmd("ZCARD")
-        .arg(&keys.live)
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let live: u64 = redis::cmd("ZCARD").arg(&keys.live).query_async(&mut r).await.unwrap();
     assert_eq!(live, couriers as u64);
     // Both workers took part (round robin hands them out in turn).
     assert!(st.batches.load(Relaxed) >= 2);
@@ -110,58 +88,28 @@ async fn bad_payloads_are_counted_by_reason_and_good_ones_pass(kind: BrokerKind)
     let corpus: Vec<(&str, Vec<u8>, Invalid)> = vec![
         ("b1", b"not json".to_vec(), Invalid::NotJson),
         ("b1", b"".to_vec(), Invalid::NotJson),
-        (
-            "b1",
-            br#"{"id":"b1","lat":24.7,"lon":46.7,"ts":1}"#.to_vec(),
-            Invalid::MissingField,
-        ),
-        (
-            "b1",
-            format!(r#"{{"id":"b1","lat":"x","lon":46.7,"ts":{t},"seq":1}}"#).into_bytes(),
-            Invalid::BadType,
-        ),
+        ("b1", br#"{"id":"b1","lat":24.7,"lon":46.7,"ts":1}"#.to_vec(), Invalid::MissingField),
+        ("b1", format!(r#"{{"id":"b1","lat":"x","lon":46.7,"ts":{t},"seq":1}}"#).into_bytes(), Invalid::BadType),
         ("b1", point("b1", 95.0, 46.7, t, 1), Invalid::OutOfRange),
         ("b1", point("b1", 24.7, 200.0, t, 1), Invalid::OutOfRange),
         ("b1", point("b1", 0.0, 0.0, t, 1), Invalid::NullIsland),
-        (
-            "b1",
-            point("someone-else", 24.7, 46.7, t, 1),
-            Invalid::IdMismatch,
-        ),
-        (
-            "b1",
-            point("b1", 24.7, 46.7, t + 3600.0, 1),
-            Invalid::FutureTs,
-        ),
+        ("b1", point("someone-else", 24.7, 46.7, t, 1), Invalid::IdMismatch),
+        ("b1", point("b1", 24.7, 46.7, t + 3600.0, 1), Invalid::FutureTs),
         ("b1", vec![b'{'; 600], Invalid::Oversize),
     ];
     let mut rng = rand::rng();
     let random: Vec<Vec<u8>> = (0..100)
-        .map(|_| {
-            (0..rand::Rng::random_range(&mut rng, 0..200))
-                .map(|_| rand::random::<u8>())
-                .collect()
-        })
+        .map(|_| (0..rand::Rng::random_range(&mut rng, 0..200)).map(|_| rand::random::<u8>()).collect())
         .collect();
     let mut good = 0u64;
     for (i, (id, payload, _)) in corpus.iter().enumerate() {
         publish(&pubc, &loc_topic(id), payload.clone()).await;
-        publish(
-            &pubc,
-            &loc_topic("g1"),
-            point("g1", 24.7, 46.7, t - 50.0 + i as f64, i as u64 + 1),
-        )
-        .await;
+        publish(&pubc, &loc_topic("g1"), point("g1", 24.7, 46.7, t - 50.0 + i as f64, i as u64 + 1)).await;
         good += 1;
     }
     for (i, junk) in random.iter().enumerate() {
         publish(&pubc, &loc_topic("b2"), junk.clone()).await;
-        publish(
-            &pubc,
-            &loc_topic(&format!("g{}", i + 2)),
-            point(&format!("g{}", i + 2), 24.7, 46.7, t - 1.0, 1),
-        )
-        .await;
+        publish(&pubc, &loc_topic(&format!("g{}", i + 2)), point(&format!("g{}", i + 2), 24.7, 46.7, t - 1.0, 1)).await;
         good += 1;
     }
     let bad = (corpus.len() + random.len()) as u64;
@@ -172,11 +120,7 @@ async fn bad_payloads_are_counted_by_reason_and_good_ones_pass(kind: BrokerKind)
         st.settled(),
         good + bad
     );
-    assert_eq!(
-        st.accepted.load(Relaxed),
-        good,
-        "every good point beside a bad one is accepted"
-    );
+    assert_eq!(st.accepted.load(Relaxed), good, "every good point beside a bad one is accepted");
     assert_eq!(st.invalid.load(Relaxed), bad);
     for (_, _, reason) in &corpus {
         assert!(st.invalid_for(*reason) >= 1, "no {reason:?} counted");
@@ -198,12 +142,7 @@ async fn seq_reset_is_tracked_again_but_replays_never_win(kind: BrokerKind) {
     let t = now() - 60.0;
     let settle = |n: u64| {
         let st = st.clone();
-        async move {
-            assert!(
-                wait_until(Duration::from_secs(10), || st.settled() >= n).await,
-                "not settled"
-            )
-        }
+        async move { assert!(wait_until(Duration::from_secs(10), || st.settled() >= n).await, "not settled") }
     };
 
     // The old install: seq up to 500.
@@ -213,25 +152,16 @@ async fn seq_reset_is_tracked_again_but_replays_never_win(kind: BrokerKind) {
     // accepted point it is stale (a second stream must not flip-flop the location)...
     publish(&pubc, &topic, point("r1", 24.71, 46.71, t + 10.0, 1)).await;
     settle(2).await;
-    assert!(near(
-        geopos(&mut r, &keys, "r1").await.unwrap(),
-        (24.70, 46.70)
-    ));
+    assert!(near(geopos(&mut r, &keys, "r1").await.unwrap(), (24.70, 46.70)));
     // ...and once the courier has been silent that long, the new stream takes over.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     publish(&pubc, &topic, point("r1", 24.72, 46.72, t + 12.0, 2)).await;
     settle(3).await;
-    assert!(
-        near(geopos(&mut r, &keys, "r1").await.unwrap(), (24.72, 46.72)),
-        "reset not taken"
-    );
+    assert!(near(geopos(&mut r, &keys, "r1").await.unwrap(), (24.72, 46.72)), "reset not taken");
     assert_eq!(st.seq_resets.load(Relaxed), 1);
     publish(&pubc, &topic, point("r1", 24.73, 46.73, t + 14.0, 3)).await;
     settle(4).await;
-    assert!(near(
-        geopos(&mut r, &keys, "r1").await.unwrap(),
-        (24.73, 46.73)
-    ));
+    assert!(near(geopos(&mut r, &keys, "r1").await.unwrap(), (24.73, 46.73)));
 
     // Replays of the old install, flushed late from the offline buffer, never win: neither
     // lower seqs with older phone times, nor higher seqs from before the reset.
@@ -240,10 +170,7 @@ async fn seq_reset_is_tracked_again_but_replays_never_win(kind: BrokerKind) {
     publish(&pubc, &topic, point("r1", 24.61, 46.61, t + 1.0, 501)).await;
     publish(&pubc, &topic, point("r1", 24.62, 46.62, t + 13.0, 2)).await;
     settle(7).await;
-    assert!(
-        near(geopos(&mut r, &keys, "r1").await.unwrap(), (24.73, 46.73)),
-        "a replay became the location"
-    );
+    assert!(near(geopos(&mut r, &keys, "r1").await.unwrap(), (24.73, 46.73)), "a replay became the location");
     assert_eq!(st.accepted.load(Relaxed), 3);
     assert_eq!(st.stale.load(Relaxed), 4);
     ing.stop().await;
@@ -265,28 +192,12 @@ async fn silent_couriers_are_evicted_and_last_will_removes_at_once(kind: BrokerK
     assert!(geopos(&mut r, &keys, "quiet").await.is_some());
     // Keep another courier talking: only the silent one leaves.
     for i in 0..12u64 {
-        publish(
-            &pubc,
-            &loc_topic("talker"),
-            point("talker", 24.71, 46.71, t + i as f64 * 0.2, i + 1),
-        )
-        .await;
+        publish(&pubc, &loc_topic("talker"), point("talker", 24.71, 46.71, t + i as f64 * 0.2, i + 1)).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(
-        geopos(&mut r, &keys, "quiet").await.is_none(),
-        "silent courier still live"
-    );
-    assert!(
-        geopos(&mut r, &keys, "talker").await.is_some(),
-        "talking courier evicted"
-    );
-    let seen: Option<f64> = redis::cmd("ZSCORE")
-        .arg(&keys.seen)
-        .arg("quiet")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    assert!(geopos(&mut r, &keys, "quiet").await.is_none(), "silent courier still live");
+    assert!(geopos(&mut r, &keys, "talker").await.is_some(), "talking courier evicted");
+    let seen: Option<f64> = redis::cmd("ZSCORE").arg(&keys.seen).arg("quiet").query_async(&mut r).await.unwrap();
     assert_eq!(seen, None);
     assert!(st.evicted_silent.load(Relaxed) >= 1);
     ing.stop().await;
@@ -297,24 +208,14 @@ async fn silent_couriers_are_evicted_and_last_will_removes_at_once(kind: BrokerK
     let ing = start_ingest(&broker, test_ingest_config(), keys.clone()).await;
     let will = LastWill::new(status_topic("lw1"), "offline", QoS::AtLeastOnce, false);
     let (phone, driver) = client(&broker.endpoint, Some(will)).await;
-    publish(
-        &phone,
-        &loc_topic("lw1"),
-        point("lw1", 24.7, 46.7, now(), 1),
-    )
-    .await;
+    publish(&phone, &loc_topic("lw1"), point("lw1", 24.7, 46.7, now(), 1)).await;
     let st = ing.stats.clone();
     assert!(wait_until(Duration::from_secs(5), || st.accepted.load(Relaxed) == 1).await);
     assert!(geopos(&mut r, &keys, "lw1").await.is_some());
     // Killing the event loop drops the TCP connection without DISCONNECT: the broker sends the will.
     driver.abort();
     drop(phone);
-    assert!(
-        wait_until(Duration::from_secs(5), || st.evicted_offline.load(Relaxed)
-            == 1)
-        .await,
-        "will not handled"
-    );
+    assert!(wait_until(Duration::from_secs(5), || st.evicted_offline.load(Relaxed) == 1).await, "will not handled");
     assert!(geopos(&mut r, &keys, "lw1").await.is_none());
     ing.stop().await;
     cleanup(&keys).await;
@@ -325,55 +226,22 @@ async fn tracks_go_only_to_the_order_of_the_courier(kind: BrokerKind) {
     let keys = Keys::with_prefix(&prefix());
     let ing = start_ingest(&broker, test_ingest_config(), keys.clone()).await;
     let mut r = redis().await;
-    let _: () = redis::cmd("HSET")
-        .arg(&keys.order)
-        .arg("w1")
-        .arg("o-77")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let _: () = redis::cmd("HSET").arg(&keys.order).arg("w1").arg("o-77").query_async(&mut r).await.unwrap();
     let mut tracks = subscriber(&broker.endpoint, "track/#").await;
     let (pubc, _h) = client(&broker.endpoint, None).await;
     let t = now() - 10.0;
-    publish(
-        &pubc,
-        &loc_topic("w1"),
-        point("w1", 24.7001, 46.7001, t, 10),
-    )
-    .await;
-    publish(
-        &pubc,
-        &loc_topic("w2"),
-        point("w2", 24.7002, 46.7002, t, 10),
-    )
-    .await; // no order
-    publish(
-        &pubc,
-        &loc_topic("w1"),
-        point("w1", 24.7003, 46.7003, t - 1.0, 9),
-    )
-    .await; // stale
-    publish(
-        &pubc,
-        &loc_topic("w1"),
-        point("w1", 24.7004, 46.7004, t + 1.0, 11),
-    )
-    .await;
+    publish(&pubc, &loc_topic("w1"), point("w1", 24.7001, 46.7001, t, 10)).await;
+    publish(&pubc, &loc_topic("w2"), point("w2", 24.7002, 46.7002, t, 10)).await; // no order
+    publish(&pubc, &loc_topic("w1"), point("w1", 24.7003, 46.7003, t - 1.0, 9)).await; // stale
+    publish(&pubc, &loc_topic("w1"), point("w1", 24.7004, 46.7004, t + 1.0, 11)).await;
     let st = ing.stats.clone();
     assert!(wait_until(Duration::from_secs(5), || st.settled() >= 4).await);
     let mut got = Vec::new();
     while let Ok(Some(p)) = tokio::time::timeout(Duration::from_millis(700), tracks.recv()).await {
         got.push(p);
     }
-    assert_eq!(
-        got.len(),
-        2,
-        "one track per accepted point of w1, none for w2 or the stale point"
-    );
-    for (p, (lat, lon, ts)) in got
-        .iter()
-        .zip([(24.7001, 46.7001, t), (24.7004, 46.7004, t + 1.0)])
-    {
+    assert_eq!(got.len(), 2, "one track per accepted point of w1, none for w2 or the stale point");
+    for (p, (lat, lon, ts)) in got.iter().zip([(24.7001, 46.7001, t), (24.7004, 46.7004, t + 1.0)]) {
         assert_eq!(p.topic, "track/o-77");
         let v: serde_json::Value = serde_json::from_slice(&p.payload).unwrap();
         assert_eq!(v, serde_json::json!({"lat": lat, "lon": lon, "ts": ts}));
@@ -398,17 +266,9 @@ async fn duplicate_deliveries_change_nothing(kind: BrokerKind) {
     assert!(wait_until(Duration::from_secs(5), || st.settled() >= 5).await);
     assert_eq!(st.accepted.load(Relaxed), 1);
     assert_eq!(st.stale.load(Relaxed), 4);
-    let state: String = redis::cmd("HGET")
-        .arg(&keys.seq)
-        .arg("d1")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let state: String = redis::cmd("HGET").arg(&keys.seq).arg("d1").query_async(&mut r).await.unwrap();
     assert!(state.starts_with("3|"), "{state}");
-    assert!(near(
-        geopos(&mut r, &keys, "d1").await.unwrap(),
-        (24.75, 46.75)
-    ));
+    assert!(near(geopos(&mut r, &keys, "d1").await.unwrap(), (24.75, 46.75)));
     let _ = NOW_SLACK;
     ing.stop().await;
     cleanup(&keys).await;
@@ -417,10 +277,7 @@ async fn duplicate_deliveries_change_nothing(kind: BrokerKind) {
 struct IngestConfigExt;
 impl IngestConfigExt {
     fn workers(n: usize) -> ingest::IngestConfig {
-        ingest::IngestConfig {
-            workers: n,
-            ..test_ingest_config()
-        }
+        ingest::IngestConfig { workers: n, ..test_ingest_config() }
     }
 }
 
@@ -435,32 +292,15 @@ async fn shutdown_flushes_what_was_received() {
     let t = now() - 5.0;
     let n = 3000u64;
     for i in 0..n {
-        publish(
-            &pubc,
-            &loc_topic(&format!("s{}", i % 300)),
-            point(
-                &format!("s{}", i % 300),
-                24.7,
-                46.7,
-                t + i as f64 * 1e-3,
-                i + 1,
-            ),
-        )
-        .await;
+        publish(&pubc, &loc_topic(&format!("s{}", i % 300)), point(&format!("s{}", i % 300), 24.7, 46.7, t + i as f64 * 1e-3, i + 1)).await;
     }
     let st = ing.stats.clone();
     assert!(wait_until(Duration::from_secs(10), || st.received.load(Relaxed) >= n).await);
     ing.stop().await;
-    assert_eq!(
-        st.settled() + st.queue_dropped.load(Relaxed),
-        st.received.load(Relaxed)
-    );
+    assert_eq!(st.settled() + st.queue_dropped.load(Relaxed), st.received.load(Relaxed));
     // Batches run concurrently, so an earlier point may reach Redis after a later one of the
     // same courier and be stale; rumqttd may also deliver a message twice. None is lost or failed.
-    assert_eq!(
-        st.accepted.load(Relaxed) + st.stale.load(Relaxed),
-        st.received.load(Relaxed)
-    );
+    assert_eq!(st.accepted.load(Relaxed) + st.stale.load(Relaxed), st.received.load(Relaxed));
     assert_eq!(st.errors.load(Relaxed) + st.queue_dropped.load(Relaxed), 0);
     cleanup(&keys).await;
 }
@@ -478,21 +318,11 @@ async fn script_flush_is_survived() {
     publish(&pubc, &loc_topic("f1"), point("f1", 24.7, 46.7, t, 1)).await;
     let st = ing.stats.clone();
     assert!(wait_until(Duration::from_secs(5), || st.accepted.load(Relaxed) == 1).await);
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut r).await.unwrap();
     publish(&pubc, &loc_topic("f1"), point("f1", 24.8, 46.8, t + 1.0, 2)).await;
-    assert!(
-        wait_until(Duration::from_secs(5), || st.accepted.load(Relaxed) == 2).await,
-        "batch lost after SCRIPT FLUSH"
-    );
+    assert!(wait_until(Duration::from_secs(5), || st.accepted.load(Relaxed) == 2).await, "batch lost after SCRIPT FLUSH");
     assert_eq!(st.errors.load(Relaxed), 0);
-    assert!(near(
-        geopos(&mut r, &keys, "f1").await.unwrap(),
-        (24.8, 46.8)
-    ));
+    assert!(near(geopos(&mut r, &keys, "f1").await.unwrap(), (24.8, 46.8)));
     ing.stop().await;
     cleanup(&keys).await;
 }

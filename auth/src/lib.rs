@@ -73,10 +73,7 @@ pub struct Keyring {
 impl std::fmt::Debug for Keyring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Secrets never reach logs.
-        f.debug_struct("Keyring")
-            .field("current", &self.current)
-            .field("key_ids", &self.keys.keys().collect::<Vec<_>>())
-            .finish()
+        f.debug_struct("Keyring").field("current", &self.current).field("key_ids", &self.keys.keys().collect::<Vec<_>>()).finish()
     }
 }
 
@@ -92,12 +89,7 @@ impl Keyring {
         let mut keys = BTreeMap::new();
         for (kid, secret) in pairs {
             let kid = kid.into();
-            if kid.is_empty()
-                || kid.len() > 32
-                || !kid
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-            {
+            if kid.is_empty() || kid.len() > 32 || !kid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
                 return Err(KeyringError::BadKeyId(kid));
             }
             if secret.as_ref().len() < 16 {
@@ -106,10 +98,7 @@ impl Keyring {
             current.get_or_insert_with(|| kid.clone());
             keys.insert(kid, secret.as_ref().to_vec());
         }
-        Ok(Keyring {
-            current: current.ok_or(KeyringError::Empty)?,
-            keys,
-        })
+        Ok(Keyring { current: current.ok_or(KeyringError::Empty)?, keys })
     }
 
     /// Parses `kid:secret[,kid:secret...]` (the first signs), as set in configuration.
@@ -139,11 +128,7 @@ impl Keyring {
     pub fn sign(&self, claims: &Claims) -> String {
         let body = B64.encode(serde_json::to_vec(claims).expect("claims serialize"));
         let signed = format!("v1.{}.{body}", self.current);
-        let sig = self
-            .mac(&self.current, &signed)
-            .expect("current key is in the ring")
-            .finalize()
-            .into_bytes();
+        let sig = self.mac(&self.current, &signed).expect("current key is in the ring").finalize().into_bytes();
         format!("{signed}.{}", B64.encode(sig))
     }
 
@@ -157,11 +142,9 @@ impl Keyring {
         let sig = B64.decode(sig).map_err(|_| TokenError::Malformed)?;
         let mac = self.mac(kid, signed).ok_or(TokenError::UnknownKey)?;
         // Constant-time comparison.
-        mac.verify_slice(&sig)
-            .map_err(|_| TokenError::BadSignature)?;
-        let claims: Claims =
-            serde_json::from_slice(&B64.decode(body).map_err(|_| TokenError::Malformed)?)
-                .map_err(|_| TokenError::Malformed)?;
+        mac.verify_slice(&sig).map_err(|_| TokenError::BadSignature)?;
+        let claims: Claims = serde_json::from_slice(&B64.decode(body).map_err(|_| TokenError::Malformed)?)
+            .map_err(|_| TokenError::Malformed)?;
         if now >= claims.exp {
             return Err(TokenError::Expired);
         }
@@ -179,13 +162,7 @@ mod tests {
     }
 
     fn claims(exp: u64) -> Claims {
-        Claims {
-            sub: "alice".into(),
-            scope: "trail:read".into(),
-            order: None,
-            iat: 100,
-            exp,
-        }
+        Claims { sub: "alice".into(), scope: "trail:read".into(), order: None, iat: 100, exp }
     }
 
     #[test]
@@ -218,19 +195,13 @@ mod tests {
         let t = ring().sign(&claims(200));
         // Same key id, another secret.
         let forger = Keyring::parse("k2:not-the-real-secret-at-all").unwrap();
-        assert_eq!(
-            ring().verify(&forger.sign(&claims(9_999)), 150),
-            Err(TokenError::BadSignature)
-        );
+        assert_eq!(ring().verify(&forger.sign(&claims(9_999)), 150), Err(TokenError::BadSignature));
         // Claims edited after signing.
         let (head, sig) = t.rsplit_once('.').unwrap();
         let (prefix, _) = head.rsplit_once('.').unwrap();
         let mut c = claims(9_999);
         c.scope = "trail:read admin".into();
-        let edited = format!(
-            "{prefix}.{}.{sig}",
-            B64.encode(serde_json::to_vec(&c).unwrap())
-        );
+        let edited = format!("{prefix}.{}.{sig}", B64.encode(serde_json::to_vec(&c).unwrap()));
         assert_eq!(ring().verify(&edited, 150), Err(TokenError::BadSignature));
         for bad in ["", "v1", "v1.k2.x", "v2.k2.e30.AAAA", "v1.k2.e30.!!!"] {
             assert!(ring().verify(bad, 150).is_err(), "{bad}");
@@ -240,15 +211,9 @@ mod tests {
     #[test]
     fn keyring_rules() {
         assert_eq!(Keyring::parse("").unwrap_err(), KeyringError::Empty);
-        assert_eq!(
-            Keyring::parse("k1:short").unwrap_err(),
-            KeyringError::ShortSecret("k1".into())
-        );
+        assert_eq!(Keyring::parse("k1:short").unwrap_err(), KeyringError::ShortSecret("k1".into()));
         assert_eq!(Keyring::parse("nocolon").unwrap_err(), KeyringError::Syntax);
-        assert!(matches!(
-            Keyring::parse("a.b:0123456789abcdef"),
-            Err(KeyringError::BadKeyId(_))
-        ));
+        assert!(matches!(Keyring::parse("a.b:0123456789abcdef"), Err(KeyringError::BadKeyId(_))));
         assert!(!format!("{:?}", ring()).contains("0123456789abcdef"));
     }
 

@@ -17,10 +17,7 @@ pub struct Message {
 /// One entry of the batch script.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Entry<'a> {
-    Point {
-        point: Point<'a>,
-        received: f64,
-    },
+    Point { point: Point<'a>, received: f64 },
     /// `offline` on `couriers/{id}/status`: leave the live index now.
     Offline(&'a str),
 }
@@ -87,13 +84,7 @@ pub fn script_args(plan: &Plan<'_>, now: f64, reset_after_secs: f64) -> Vec<Stri
                 args.push(f.format(point.ts).to_string());
             }
             Entry::Offline(id) => {
-                args.extend([
-                    id.to_string(),
-                    String::new(),
-                    String::new(),
-                    "off".into(),
-                    String::new(),
-                ]);
+                args.extend([id.to_string(), String::new(), String::new(), "off".into(), String::new()]);
             }
         }
     }
@@ -105,10 +96,7 @@ pub fn script_args(plan: &Plan<'_>, now: f64, reset_after_secs: f64) -> Vec<Stri
 pub enum Verdict {
     Stale,
     /// Became the last location; `reset` when it restarted the courier's seq.
-    Accepted {
-        reset: bool,
-        order: Option<String>,
-    },
+    Accepted { reset: bool, order: Option<String> },
     Offline,
 }
 
@@ -130,8 +118,7 @@ pub fn parse_reply(reply: &[redis::Value], entries: usize) -> Result<Vec<Verdict
             };
             let order = match &pair[1] {
                 Value::BulkString(b) if !b.is_empty() => Some(
-                    String::from_utf8(b.clone())
-                        .map_err(|_| "order id is not UTF-8".to_string())?,
+                    String::from_utf8(b.clone()).map_err(|_| "order id is not UTF-8".to_string())?,
                 ),
                 Value::BulkString(_) | Value::Nil => None,
                 other => return Err(format!("unexpected order {other:?}")),
@@ -168,10 +155,7 @@ mod tests {
     fn good(id: &str, seq: u64) -> Message {
         msg(
             &format!("couriers/{id}/loc"),
-            &format!(
-                r#"{{"id":"{id}","lat":24.7,"lon":46.6,"ts":{},"seq":{seq}}}"#,
-                NOW - 1.0
-            ),
+            &format!(r#"{{"id":"{id}","lat":24.7,"lon":46.6,"ts":{},"seq":{seq}}}"#, NOW - 1.0),
         )
     }
 
@@ -181,10 +165,7 @@ mod tests {
             good("c1", 1),
             msg("couriers/c1/loc", "garbage"),
             good("c2", 5),
-            msg(
-                "couriers/c3/loc",
-                r#"{"id":"c4","lat":1,"lon":1,"ts":1,"seq":1}"#,
-            ),
+            msg("couriers/c3/loc", r#"{"id":"c4","lat":1,"lon":1,"ts":1,"seq":1}"#),
             msg(&format!("couriers/{}/loc", "x".repeat(80)), "{}"),
             msg("couriers/c2/status", "offline"),
             msg("couriers/c2/status", "online"),
@@ -207,18 +188,8 @@ mod tests {
         assert_eq!(
             a,
             vec![
-                "1764460800.0",
-                "30.0",
-                "c1",
-                "46.6",
-                "24.7",
-                "7",
-                "1764460799.0",
-                "c1",
-                "",
-                "",
-                "off",
-                ""
+                "1764460800.0", "30.0", "c1", "46.6", "24.7", "7", "1764460799.0", "c1", "", "",
+                "off", ""
             ]
         );
     }
@@ -238,15 +209,9 @@ mod tests {
         assert_eq!(
             parse_reply(&reply, 4).unwrap(),
             vec![
-                Verdict::Accepted {
-                    reset: false,
-                    order: Some("o-42".into())
-                },
+                Verdict::Accepted { reset: false, order: Some("o-42".into()) },
                 Verdict::Stale,
-                Verdict::Accepted {
-                    reset: true,
-                    order: None
-                },
+                Verdict::Accepted { reset: true, order: None },
                 Verdict::Offline,
             ]
         );

@@ -71,10 +71,7 @@ impl IngestConfig {
     pub fn validate(&self) -> Result<(), String> {
         let group_ok = |g: &str| courier_wire::topic::valid_id(g) && !g.contains(':');
         if !group_ok(&self.group) {
-            return Err(format!(
-                "ingest.group {:?} is not a valid group name",
-                self.group
-            ));
+            return Err(format!("ingest.group {:?} is not a valid group name", self.group));
         }
         if !group_ok(&self.status_group) || self.status_group == self.group {
             return Err(format!(
@@ -99,9 +96,7 @@ impl IngestConfig {
             return Err("ingest.batch_max must be at most 2000".into());
         }
         if self.evict_after < Duration::from_secs(1) || self.sweep_every.is_zero() {
-            return Err(
-                "ingest.evict_after must be at least 1s and ingest.sweep_every above 0".into(),
-            );
+            return Err("ingest.evict_after must be at least 1s and ingest.sweep_every above 0".into());
         }
         if self.seq_forget_after < self.evict_after {
             return Err("ingest.seq_forget_after must be at least ingest.evict_after".into());
@@ -152,8 +147,7 @@ mod tests {
         let (k, v) = line.split_once(" = ").unwrap();
         let v = v.trim_matches('"');
         let map = std::collections::HashMap::from([(k.to_string(), v.to_string())]);
-        let de =
-            serde::de::value::MapDeserializer::<_, serde::de::value::Error>::new(map.into_iter());
+        let de = serde::de::value::MapDeserializer::<_, serde::de::value::Error>::new(map.into_iter());
         IngestConfig::deserialize(de).unwrap()
     }
 }

@@ -125,11 +125,7 @@ impl Metrics {
             (&self.error, &stats.errors, t.errors),
             (&self.resets, &stats.seq_resets, t.seq_resets),
             (&self.tracks, &stats.tracks_published, t.tracks_published),
-            (
-                &self.tracks_dropped,
-                &stats.tracks_dropped,
-                t.tracks_dropped,
-            ),
+            (&self.tracks_dropped, &stats.tracks_dropped, t.tracks_dropped),
             (&self.evicted_offline, &stats.evicted_offline, t.offline),
         ];
         for (c, a, v) in pairs {

@@ -49,8 +49,7 @@ impl Ingest {
         let tasks = TaskTracker::new();
         for n in 0..self.config.workers {
             let (config, mqtt, sink) = (self.config.clone(), self.mqtt.clone(), sink.clone());
-            let (metrics, stats, shutdown) =
-                (metrics.clone(), self.stats.clone(), shutdown.clone());
+            let (metrics, stats, shutdown) = (metrics.clone(), self.stats.clone(), shutdown.clone());
             tasks.spawn(async move {
                 worker::run(n, &config, &mqtt, sink, metrics, stats, shutdown).await;
             });

@@ -70,11 +70,7 @@ impl RedisSink {
 
     async fn load(&self, script: &Lua) -> Result<(), IngestError> {
         let mut c = self.conn.clone();
-        let _: String = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(script.code)
-            .query_async(&mut c)
-            .await?;
+        let _: String = redis::cmd("SCRIPT").arg("LOAD").arg(script.code).query_async(&mut c).await?;
         Ok(())
     }
 
@@ -104,9 +100,7 @@ impl RedisSink {
         cmd.arg(args);
         match self.run(&self.batch, &cmd).await? {
             Value::Array(v) => Ok(v),
-            other => Err(IngestError::Reply(format!(
-                "expected an array, got {other:?}"
-            ))),
+            other => Err(IngestError::Reply(format!("expected an array, got {other:?}"))),
         }
     }
 
@@ -122,17 +116,11 @@ impl RedisSink {
     }
 
     /// One HSCAN step of forgetting old seq state; returns (next cursor, removed).
-    pub async fn forget(
-        &self,
-        cursor: u64,
-        cutoff: f64,
-        count: usize,
-    ) -> Result<(u64, u64), IngestError> {
+    pub async fn forget(&self, cursor: u64, cutoff: f64, count: usize) -> Result<(u64, u64), IngestError> {
         let mut cmd = Self::evalsha(&self.forget, &[&self.keys.seq]);
         cmd.arg(cursor).arg(cutoff).arg(count);
         let v = self.run(&self.forget, &cmd).await?;
-        let (next, removed): (String, u64) =
-            redis::from_redis_value(v).map_err(|e| IngestError::Reply(e.to_string()))?;
+        let (next, removed): (String, u64) = redis::from_redis_value(v).map_err(|e| IngestError::Reply(e.to_string()))?;
         let next = next
             .parse()
             .map_err(|_| IngestError::Reply(format!("bad HSCAN cursor {next:?}")))?;

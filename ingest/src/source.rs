@@ -4,8 +4,8 @@
 
 use crate::batch::Message;
 use crate::events::{Metrics, Stats};
-use courier_wire::clock::unix_now;
 use courier_wire::metrics as m;
+use courier_wire::clock::unix_now;
 use rumqttc::{AsyncClient, Event, EventLoop, Packet, QoS};
 use std::sync::Arc;
 use std::time::Duration;

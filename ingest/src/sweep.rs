@@ -46,14 +46,7 @@ pub(crate) async fn run(
             }
         }
         // One slice of the seq hash per tick: a full pass takes (couriers / 1000) ticks.
-        match sink
-            .forget(
-                cursor,
-                now - config.seq_forget_after.as_secs_f64(),
-                FORGET_COUNT,
-            )
-            .await
-        {
+        match sink.forget(cursor, now - config.seq_forget_after.as_secs_f64(), FORGET_COUNT).await {
             Ok((next, removed)) => {
                 cursor = next;
                 if removed > 0 {

@@ -37,11 +37,7 @@ pub(crate) async fn run(
 ) {
     let client_id = courier_wire::mqtt::client_id(&config.group, n);
     // Tracks wait here for the connection; room for a few full batches.
-    let options = courier_wire::mqtt::options(
-        endpoint,
-        &client_id,
-        config.batch_max * config.max_in_flight * 2,
-    );
+    let options = courier_wire::mqtt::options(endpoint, &client_id, config.batch_max * config.max_in_flight * 2);
     let (client, eventloop) = AsyncClient::new(options, 64);
     let filters = vec![
         topic::shared_loc_filter(&config.group),
@@ -79,9 +75,7 @@ pub(crate) async fn run(
             break; // the receive loop closed the queue and it is drained
         }
         ctx.metrics.queue_depth.set(rx.len() as f64);
-        let Ok(permit) = in_flight.clone().acquire_owned().await else {
-            break;
-        };
+        let Ok(permit) = in_flight.clone().acquire_owned().await else { break };
         let ctx = ctx.clone();
         tasks.spawn(async move {
             process(&ctx, messages).await;
@@ -132,10 +126,7 @@ fn apply(ctx: &Ctx, plan: &mut batch::Plan<'_>, verdicts: &[Verdict]) {
                     continue;
                 }
                 let payload = encode_track(point.lat, point.lon, point.ts);
-                match ctx
-                    .client
-                    .try_publish(track_topic(order), QoS::AtMostOnce, false, payload)
-                {
+                match ctx.client.try_publish(track_topic(order), QoS::AtMostOnce, false, payload) {
                     Ok(()) => t.tracks_published += 1,
                     Err(_) => t.tracks_dropped += 1,
                 }
@@ -147,10 +138,7 @@ fn apply(ctx: &Ctx, plan: &mut batch::Plan<'_>, verdicts: &[Verdict]) {
 }
 
 /// Retries retryable failures with backoff until `redis_retry_for` has passed.
-async fn call_with_retry(
-    ctx: &Ctx,
-    args: &[String],
-) -> Result<Vec<redis::Value>, crate::IngestError> {
+async fn call_with_retry(ctx: &Ctx, args: &[String]) -> Result<Vec<redis::Value>, crate::IngestError> {
     let started = Instant::now();
     let mut backoff = Duration::from_millis(50);
     loop {

@@ -29,10 +29,7 @@ pub fn services() -> &'static Services {
     static S: OnceLock<Services> = OnceLock::new();
     S.get_or_init(|| {
         if let (Ok(r), Ok(d)) = (std::env::var("REDIS_URL"), std::env::var("DATABASE_URL")) {
-            return Services {
-                redis_url: r,
-                database_url: d,
-            };
+            return Services { redis_url: r, database_url: d };
         }
         let out = Command::new(repo_root().join("dev"))
             .args(["services", "env"])
@@ -46,18 +43,12 @@ pub fn services() -> &'static Services {
                 .find_map(|l| l.strip_prefix(&format!("{k}=")).map(str::to_string))
                 .unwrap_or_else(|| panic!("./dev services env printed no {k}"))
         };
-        Services {
-            redis_url: get("REDIS_URL"),
-            database_url: get("DATABASE_URL"),
-        }
+        Services { redis_url: get("REDIS_URL"), database_url: get("DATABASE_URL") }
     })
 }
 
 pub fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
 /// A key prefix no other test uses.
@@ -90,11 +81,7 @@ impl Drop for TestBroker {
 }
 
 pub fn mosquitto_bin() -> PathBuf {
-    for p in [
-        "/usr/sbin/mosquitto",
-        "/usr/bin/mosquitto",
-        "/usr/local/sbin/mosquitto",
-    ] {
+    for p in ["/usr/sbin/mosquitto", "/usr/bin/mosquitto", "/usr/local/sbin/mosquitto"] {
         if std::path::Path::new(p).exists() {
             return p.into();
         }
@@ -109,11 +96,7 @@ pub fn start_broker(kind: BrokerKind) -> TestBroker {
         BrokerKind::Embedded => {
             let config = courier_pipeline::broker::load_config(None, addr).unwrap();
             courier_pipeline::broker::start(config, addr).unwrap();
-            TestBroker {
-                endpoint: MqttEndpoint::new("127.0.0.1", addr.port()),
-                child: None,
-                _dir: None,
-            }
+            TestBroker { endpoint: MqttEndpoint::new("127.0.0.1", addr.port()), child: None, _dir: None }
         }
         BrokerKind::Mosquitto => {
             let dir = std::env::temp_dir().join(format!("mosq-{:x}", rand::random::<u64>()));
@@ -136,10 +119,7 @@ pub fn start_broker(kind: BrokerKind) -> TestBroker {
                 .expect("starting mosquitto");
             let deadline = Instant::now() + Duration::from_secs(5);
             while std::net::TcpStream::connect(addr).is_err() {
-                assert!(
-                    Instant::now() < deadline,
-                    "mosquitto did not listen on {addr}"
-                );
+                assert!(Instant::now() < deadline, "mosquitto did not listen on {addr}");
                 std::thread::sleep(Duration::from_millis(20));
             }
             TestBroker {
@@ -161,10 +141,7 @@ pub async fn redis() -> redis::aio::MultiplexedConnection {
 
 /// Ingest settings for tests: the defaults, with sweeps fast enough to watch.
 pub fn test_ingest_config() -> IngestConfig {
-    IngestConfig {
-        sweep_every: Duration::from_millis(200),
-        ..Default::default()
-    }
+    IngestConfig { sweep_every: Duration::from_millis(200), ..Default::default() }
 }
 
 pub struct RunningIngest {
@@ -202,28 +179,15 @@ pub async fn start_ingest(broker: &TestBroker, config: IngestConfig, keys: Keys)
     let task = tokio::spawn(ingest.run(shutdown.clone()));
     let s = stats.clone();
     assert!(
-        wait_until(Duration::from_secs(10), || s
-            .subscriptions_acked
-            .load(Relaxed)
-            >= 2 * workers)
-        .await,
+        wait_until(Duration::from_secs(10), || s.subscriptions_acked.load(Relaxed) >= 2 * workers).await,
         "ingest workers did not subscribe"
     );
-    RunningIngest {
-        stats,
-        keys,
-        shutdown,
-        task,
-    }
+    RunningIngest { stats, keys, shutdown, task }
 }
 
 /// An MQTT client whose event loop runs in the background.
-pub async fn client(
-    endpoint: &MqttEndpoint,
-    will: Option<LastWill>,
-) -> (AsyncClient, tokio::task::JoinHandle<()>) {
-    let mut o =
-        courier_wire::mqtt::options(endpoint, &courier_wire::mqtt::client_id("test", 0), 10_000);
+pub async fn client(endpoint: &MqttEndpoint, will: Option<LastWill>) -> (AsyncClient, tokio::task::JoinHandle<()>) {
+    let mut o = courier_wire::mqtt::options(endpoint, &courier_wire::mqtt::client_id("test", 0), 10_000);
     if let Some(w) = will {
         o.set_last_will(w);
     }
@@ -240,16 +204,13 @@ pub async fn client(
             }
         }
     });
-    tokio::time::timeout(Duration::from_secs(5), ready_rx.recv())
-        .await
-        .expect("client did not connect");
+    tokio::time::timeout(Duration::from_secs(5), ready_rx.recv()).await.expect("client did not connect");
     (c, h)
 }
 
 /// Subscribes and hands every received publish to the returned channel.
 pub async fn subscriber(endpoint: &MqttEndpoint, filter: &str) -> mpsc::UnboundedReceiver<Publish> {
-    let o =
-        courier_wire::mqtt::options(endpoint, &courier_wire::mqtt::client_id("test-sub", 0), 100);
+    let o = courier_wire::mqtt::options(endpoint, &courier_wire::mqtt::client_id("test-sub", 0), 100);
     let (c, mut el) = AsyncClient::new(o, 100);
     let (tx, rx) = mpsc::unbounded_channel();
     let (ready_tx, mut ready_rx) = mpsc::channel(1);
@@ -271,9 +232,7 @@ pub async fn subscriber(endpoint: &MqttEndpoint, filter: &str) -> mpsc::Unbounde
             }
         }
     });
-    tokio::time::timeout(Duration::from_secs(5), ready_rx.recv())
-        .await
-        .expect("no SUBACK");
+    tokio::time::timeout(Duration::from_secs(5), ready_rx.recv()).await.expect("no SUBACK");
     rx
 }
 
@@ -282,9 +241,7 @@ pub fn point(id: &str, lat: f64, lon: f64, ts: f64, seq: u64) -> Vec<u8> {
 }
 
 pub async fn publish(c: &AsyncClient, topic: &str, payload: Vec<u8>) {
-    c.publish(topic, QoS::AtMostOnce, false, payload)
-        .await
-        .unwrap();
+    c.publish(topic, QoS::AtMostOnce, false, payload).await.unwrap();
 }
 
 pub async fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
@@ -299,17 +256,8 @@ pub async fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool 
 }
 
 /// GEOPOS of one member, rounded to what Redis GEO keeps (about 6 decimals).
-pub async fn geopos(
-    r: &mut redis::aio::MultiplexedConnection,
-    keys: &Keys,
-    id: &str,
-) -> Option<(f64, f64)> {
-    let v: Vec<Option<(f64, f64)>> = redis::cmd("GEOPOS")
-        .arg(&keys.live)
-        .arg(id)
-        .query_async(r)
-        .await
-        .unwrap();
+pub async fn geopos(r: &mut redis::aio::MultiplexedConnection, keys: &Keys, id: &str) -> Option<(f64, f64)> {
+    let v: Vec<Option<(f64, f64)>> = redis::cmd("GEOPOS").arg(&keys.live).arg(id).query_async(r).await.unwrap();
     v.into_iter().next().flatten().map(|(lon, lat)| (lat, lon))
 }
 
@@ -320,12 +268,5 @@ pub fn near(a: (f64, f64), b: (f64, f64)) -> bool {
 /// Removes every key of a test prefix.
 pub async fn cleanup(keys: &Keys) {
     let mut r = redis().await;
-    let _: () = redis::cmd("DEL")
-        .arg(&keys.live)
-        .arg(&keys.seen)
-        .arg(&keys.order)
-        .arg(&keys.seq)
-        .query_async(&mut r)
-        .await
-        .unwrap();
+    let _: () = redis::cmd("DEL").arg(&keys.live).arg(&keys.seen).arg(&keys.order).arg(&keys.seq).query_async(&mut r).await.unwrap();
 }

@@ -11,8 +11,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use serde::Deserialize;
 use std::hint::black_box;
 
-const PAYLOAD: &[u8] =
-    br#"{"id":"c00042","lat":24.713612,"lon":46.675301,"ts":1764460800.25,"seq":1842}"#;
+const PAYLOAD: &[u8] = br#"{"id":"c00042","lat":24.713612,"lon":46.675301,"ts":1764460800.25,"seq":1842}"#;
 const NOW: f64 = 1_764_460_801.0;
 
 #[derive(Deserialize)]

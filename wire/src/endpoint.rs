@@ -95,21 +95,9 @@ mod tests {
 
     #[test]
     fn refuses_bad_urls() {
-        assert!(matches!(
-            MqttEndpoint::parse("http://x"),
-            Err(EndpointError::Scheme(_))
-        ));
-        assert!(matches!(
-            MqttEndpoint::parse("127.0.0.1:1883"),
-            Err(EndpointError::Scheme(_))
-        ));
-        assert_eq!(
-            MqttEndpoint::parse("mqtt://:1883"),
-            Err(EndpointError::NoHost)
-        );
-        assert!(matches!(
-            MqttEndpoint::parse("mqtt://h:99999"),
-            Err(EndpointError::Port(_))
-        ));
+        assert!(matches!(MqttEndpoint::parse("http://x"), Err(EndpointError::Scheme(_))));
+        assert!(matches!(MqttEndpoint::parse("127.0.0.1:1883"), Err(EndpointError::Scheme(_))));
+        assert_eq!(MqttEndpoint::parse("mqtt://:1883"), Err(EndpointError::NoHost));
+        assert!(matches!(MqttEndpoint::parse("mqtt://h:99999"), Err(EndpointError::Port(_))));
     }
 }

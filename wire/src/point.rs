@@ -183,19 +183,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.id, "c1");
-        assert_eq!(
-            (p.lat, p.lon, p.ts, p.seq),
-            (24.7136, 46.6753, 1764460799.5, 7)
-        );
+        assert_eq!((p.lat, p.lon, p.ts, p.seq), (24.7136, 46.6753, 1764460799.5, 7));
     }
 
     #[test]
     fn integer_coordinates_and_ts_are_numbers_too() {
-        let p = check(
-            "c1",
-            r#"{"id":"c1","lat":24,"lon":46,"ts":1764460799,"seq":0}"#,
-        )
-        .unwrap();
+        let p = check("c1", r#"{"id":"c1","lat":24,"lon":46,"ts":1764460799,"seq":0}"#).unwrap();
         assert_eq!((p.lat, p.lon, p.ts, p.seq), (24.0, 46.0, 1764460799.0, 0));
     }
 
@@ -206,90 +199,27 @@ mod tests {
             ("not json", Invalid::NotJson),
             ("[\"c1\",1,2,3,4]", Invalid::NotJson),
             ("{\"id\":\"c1\"", Invalid::NotJson),
-            (
-                "{\"id\":\"c1\",\"lat\":NaN,\"lon\":1,\"ts\":1,\"seq\":1}",
-                Invalid::NotJson,
-            ),
-            (
-                r#"{"lat":1,"lon":1,"ts":1764460799,"seq":1}"#,
-                Invalid::MissingField,
-            ),
-            (
-                r#"{"id":"c1","lon":1,"ts":1764460799,"seq":1}"#,
-                Invalid::MissingField,
-            ),
-            (
-                r#"{"id":"c1","lat":1,"lon":1,"ts":1764460799}"#,
-                Invalid::MissingField,
-            ),
-            (
-                r#"{"id":"c1","lat":"24.7","lon":1,"ts":1764460799,"seq":1}"#,
-                Invalid::BadType,
-            ),
-            (
-                r#"{"id":"c1","lat":1,"lon":1,"ts":1764460799,"seq":-1}"#,
-                Invalid::BadType,
-            ),
-            (
-                r#"{"id":"c1","lat":1,"lon":1,"ts":1764460799,"seq":1.5}"#,
-                Invalid::BadType,
-            ),
-            (
-                r#"{"id":7,"lat":1,"lon":1,"ts":1764460799,"seq":1}"#,
-                Invalid::BadType,
-            ),
-            (
-                r#"{"id":null,"lat":1,"lon":1,"ts":1764460799,"seq":1}"#,
-                Invalid::MissingField,
-            ),
-            (
-                r#"{"id":"c 1","lat":1,"lon":1,"ts":1764460799,"seq":1}"#,
-                Invalid::BadId,
-            ),
-            (
-                r#"{"id":"","lat":1,"lon":1,"ts":1764460799,"seq":1}"#,
-                Invalid::BadId,
-            ),
-            (
-                r#"{"id":"c2","lat":1,"lon":1,"ts":1764460799,"seq":1}"#,
-                Invalid::IdMismatch,
-            ),
-            (
-                r#"{"id":"c1","lat":91,"lon":1,"ts":1764460799,"seq":1}"#,
-                Invalid::OutOfRange,
-            ),
-            (
-                r#"{"id":"c1","lat":85.1,"lon":1,"ts":1764460799,"seq":1}"#,
-                Invalid::OutOfRange,
-            ),
-            (
-                r#"{"id":"c1","lat":1,"lon":-180.5,"ts":1764460799,"seq":1}"#,
-                Invalid::OutOfRange,
-            ),
-            (
-                r#"{"id":"c1","lat":1,"lon":1,"ts":-5,"seq":1}"#,
-                Invalid::OutOfRange,
-            ),
-            (
-                r#"{"id":"c1","lat":1,"lon":1,"ts":1764460799,"seq":9007199254740993}"#,
-                Invalid::OutOfRange,
-            ),
-            (
-                r#"{"id":"c1","lat":0,"lon":0,"ts":1764460799,"seq":1}"#,
-                Invalid::NullIsland,
-            ),
-            (
-                r#"{"id":"c1","lat":0.0,"lon":-0.0,"ts":1764460799,"seq":1}"#,
-                Invalid::NullIsland,
-            ),
-            (
-                r#"{"id":"c1","lat":1,"lon":1,"ts":1764461200,"seq":1}"#,
-                Invalid::FutureTs,
-            ),
-            (
-                r#"{"id":"c1","lat":1,"lon":1,"ts":1764460800000,"seq":1}"#,
-                Invalid::FutureTs,
-            ),
+            ("{\"id\":\"c1\",\"lat\":NaN,\"lon\":1,\"ts\":1,\"seq\":1}", Invalid::NotJson),
+            (r#"{"lat":1,"lon":1,"ts":1764460799,"seq":1}"#, Invalid::MissingField),
+            (r#"{"id":"c1","lon":1,"ts":1764460799,"seq":1}"#, Invalid::MissingField),
+            (r#"{"id":"c1","lat":1,"lon":1,"ts":1764460799}"#, Invalid::MissingField),
+            (r#"{"id":"c1","lat":"24.7","lon":1,"ts":1764460799,"seq":1}"#, Invalid::BadType),
+            (r#"{"id":"c1","lat":1,"lon":1,"ts":1764460799,"seq":-1}"#, Invalid::BadType),
+            (r#"{"id":"c1","lat":1,"lon":1,"ts":1764460799,"seq":1.5}"#, Invalid::BadType),
+            (r#"{"id":7,"lat":1,"lon":1,"ts":1764460799,"seq":1}"#, Invalid::BadType),
+            (r#"{"id":null,"lat":1,"lon":1,"ts":1764460799,"seq":1}"#, Invalid::MissingField),
+            (r#"{"id":"c 1","lat":1,"lon":1,"ts":1764460799,"seq":1}"#, Invalid::BadId),
+            (r#"{"id":"","lat":1,"lon":1,"ts":1764460799,"seq":1}"#, Invalid::BadId),
+            (r#"{"id":"c2","lat":1,"lon":1,"ts":1764460799,"seq":1}"#, Invalid::IdMismatch),
+            (r#"{"id":"c1","lat":91,"lon":1,"ts":1764460799,"seq":1}"#, Invalid::OutOfRange),
+            (r#"{"id":"c1","lat":85.1,"lon":1,"ts":1764460799,"seq":1}"#, Invalid::OutOfRange),
+            (r#"{"id":"c1","lat":1,"lon":-180.5,"ts":1764460799,"seq":1}"#, Invalid::OutOfRange),
+            (r#"{"id":"c1","lat":1,"lon":1,"ts":-5,"seq":1}"#, Invalid::OutOfRange),
+            (r#"{"id":"c1","lat":1,"lon":1,"ts":1764460799,"seq":9007199254740993}"#, Invalid::OutOfRange),
+            (r#"{"id":"c1","lat":0,"lon":0,"ts":1764460799,"seq":1}"#, Invalid::NullIsland),
+            (r#"{"id":"c1","lat":0.0,"lon":-0.0,"ts":1764460799,"seq":1}"#, Invalid::NullIsland),
+            (r#"{"id":"c1","lat":1,"lon":1,"ts":1764461200,"seq":1}"#, Invalid::FutureTs),
+            (r#"{"id":"c1","lat":1,"lon":1,"ts":1764460800000,"seq":1}"#, Invalid::FutureTs),
         ];
         for (payload, want) in cases {
             assert_eq!(check("c1", payload), Err(*want), "{payload}");
@@ -298,10 +228,7 @@ mod tests {
 
     #[test]
     fn huge_exponents_are_refused() {
-        let r = check(
-            "c1",
-            r#"{"id":"c1","lat":1e999,"lon":1,"ts":1764460799,"seq":1}"#,
-        );
+        let r = check("c1", r#"{"id":"c1","lat":1e999,"lon":1,"ts":1764460799,"seq":1}"#);
         assert!(r.is_err());
     }
 
