@@ -82,6 +82,8 @@ enum Command {
         /// http://host:port/path
         url: String,
     },
+    /// Dispatch query: the nearest couriers seen recently, searched in expanding rings.
+    Nearest(NearestArgs),
 }
 
 #[derive(Subcommand)]
@@ -116,6 +118,28 @@ enum TokenCommand {
 }
 
 #[derive(Args)]
+struct NearestArgs {
+    #[arg(long, allow_hyphen_values = true)]
+    lat: f64,
+    #[arg(long, allow_hyphen_values = true)]
+    lon: f64,
+    #[arg(long, default_value_t = 10)]
+    count: usize,
+    /// Ring radii in km, ascending.
+    #[arg(long, default_value = "0.5,1,2,5")]
+    radii: String,
+    /// Skip couriers whose last point is older.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    max_age: Duration,
+    /// Any `count` couriers of the first ring that holds enough, not the nearest (hot spots).
+    #[arg(long)]
+    any: bool,
+    /// Run this many searches (32 in flight) and print searches/s and p99 instead.
+    #[arg(long)]
+    bench: Option<usize>,
+}
+
+#[derive(Args)]
 struct RunArgs {
     /// Print a status line this often, e.g. `1s`.
     #[arg(long, value_parser = humantime::parse_duration)]
@@ -126,18 +150,62 @@ struct RunArgs {
 struct SimArgs {
     #[arg(long, default_value_t = 1000)]
     couriers: usize,
-    /// Seconds between two points of one courier.
-    #[arg(long, default_value_t = 4.0)]
-    interval: f64,
-    /// MQTT connections the couriers share.
-    #[arg(long, default_value_t = 8)]
-    connections: usize,
+    /// Fixed profile: seconds between two points of one courier (default 4 unless --mix).
+    #[arg(long, conflicts_with = "mix")]
+    interval: Option<f64>,
+    /// Realistic mix instead of a fixed interval; fractions such as
+    /// `to_restaurant=0.25,to_customer=0.25,available=0.35,off_shift=0.15` (`default` for these).
+    #[arg(long)]
+    mix: Option<String>,
+    /// Mix: a check sends only after moving this many metres...
+    #[arg(long, default_value_t = 20.0)]
+    min_move: f64,
+    /// ...or when the last point is this many seconds old (standing couriers).
+    #[arg(long, default_value_t = 30.0)]
+    heartbeat: f64,
+    /// Share K MQTT connections among the couriers (default: one per courier, as phones do).
+    #[arg(long)]
+    connections: Option<usize>,
+    /// Connection attempts in flight at once while couriers come online.
+    #[arg(long, default_value_t = 256)]
+    connect_concurrency: usize,
     /// Stop after this many seconds (default: until Ctrl-C).
     #[arg(long)]
     seconds: Option<f64>,
     /// Courier ids are <prefix><number>.
     #[arg(long, default_value = "c")]
     id_prefix: String,
+    /// Assign K orders (in `courier:order`) and watch each on `track/<order>`, measuring the
+    /// phone-to-viewer delay.
+    #[arg(long, default_value_t = 0)]
+    orders: usize,
+    /// More addresses of the same broker; courier connections are spread over MQTT_URL and
+    /// these (one source address has about 28,000 ports per destination).
+    #[arg(long = "also-mqtt-url")]
+    also_mqtt_url: Vec<String>,
+    /// Write every figure of the run to this file as JSON.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Fault: share of couriers that lose the network once, then flush their buffered points.
+    #[arg(long, default_value_t = 0.0)]
+    outage: f64,
+    /// Seconds an outage lasts.
+    #[arg(long, default_value_t = 20.0)]
+    outage_for: f64,
+    /// Fault: share of points sent as exactly (0, 0).
+    #[arg(long, default_value_t = 0.0)]
+    null_island: f64,
+    /// Fault: share of couriers stuck at one shared default location (--default-at).
+    #[arg(long, default_value_t = 0.0)]
+    default_location: f64,
+    /// The default location, `lat,lon`.
+    #[arg(long, default_value = "24.7114,46.6744")]
+    default_at: String,
+    /// Fault: share of couriers whose app restarts once (seq starts again at 1).
+    #[arg(long, default_value_t = 0.0)]
+    restart: f64,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
 }
 
 /// Errors end the process with one line (`error: <setting>: <reason>`), never a backtrace.
@@ -175,6 +243,10 @@ fn real_main() -> anyhow::Result<()> {
         mqtt_allow_anonymous: cli.mqtt_allow_anonymous,
         service_key: cli.service_key.clone(),
     })?;
+    if matches!(cli.command, Command::Run(_) | Command::Broker(_)) {
+        // The embedded broker holds one descriptor per connected phone.
+        simulator::limits::raise_nofile(1 << 17);
+    }
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {
         let shutdown = CancellationToken::new();
@@ -209,9 +281,8 @@ fn real_main() -> anyhow::Result<()> {
                 });
             }
             Command::Health { .. } => unreachable!("handled before the runtime starts"),
-            Command::Simulate(a) => {
-                return simulate(a, config.worker_endpoint("simulator"), shutdown).await
-            }
+            Command::Simulate(a) => return simulate(a, config, shutdown).await,
+            Command::Nearest(a) => return nearest(a, config).await,
         };
         let opts = RunOptions {
             status_every: opts.status_every,
@@ -238,35 +309,137 @@ fn real_main() -> anyhow::Result<()> {
 
 async fn simulate(
     a: SimArgs,
-    endpoint: courier_wire::MqttEndpoint,
+    config: courier_pipeline::Config,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    anyhow::ensure!(a.interval > 0.0, "--interval must be above 0");
+    let profile = match (&a.mix, a.interval) {
+        (Some(m), _) => {
+            let base = simulator::Mix {
+                min_move_m: a.min_move,
+                heartbeat: a.heartbeat,
+                ..Default::default()
+            };
+            let text = if m == "default" { "" } else { m.as_str() };
+            simulator::Profile::Mix(base.parse_fractions(text).map_err(anyhow::Error::msg)?)
+        }
+        (None, i) => {
+            let i = i.unwrap_or(4.0);
+            anyhow::ensure!(i > 0.0 && i.is_finite(), "--interval must be above 0");
+            simulator::Profile::Fixed {
+                interval: Duration::from_secs_f64(i),
+            }
+        }
+    };
+    let default_at = a
+        .default_at
+        .split_once(',')
+        .and_then(|(la, lo)| Some((la.trim().parse().ok()?, lo.trim().parse().ok()?)))
+        .context("--default-at: expected lat,lon")?;
+    anyhow::ensure!(
+        a.outage_for >= 0.0 && a.outage_for.is_finite(),
+        "--outage-for must be >= 0"
+    );
     let cfg = simulator::SimConfig {
         couriers: a.couriers,
-        interval: Duration::from_secs_f64(a.interval),
+        profile,
         connections: a.connections,
+        connect_concurrency: a.connect_concurrency,
         duration: a.seconds.map(Duration::from_secs_f64),
         id_prefix: a.id_prefix,
+        seed: a.seed,
+        faults: simulator::Faults {
+            outage: a.outage,
+            outage_for: Duration::from_secs_f64(a.outage_for),
+            null_island: a.null_island,
+            default_location: a.default_location,
+            default_at,
+            restart: a.restart,
+            ..Default::default()
+        },
+        watchers: simulator::Watchers { orders: a.orders },
         ..Default::default()
     };
-    let stats = Arc::new(simulator::SimStats::default());
-    let progress = {
-        let (stats, stop) = (stats.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            let mut last = 0;
-            loop {
-                tokio::select! { _ = stop.cancelled() => return, _ = tick.tick() => {} }
-                let sent = stats.sent.load(std::sync::atomic::Ordering::Relaxed);
-                eprintln!("sim: sent {:>7}/s, total {sent}", sent - last);
-                last = sent;
-            }
+    cfg.validate().map_err(anyhow::Error::msg)?;
+    // Multiplexed connections log in as the load tester (a service token); a courier's own
+    // connection logs in as that courier with his device token, as a phone does.
+    let endpoint = config.worker_endpoint("simulator");
+    let courier_login: Option<simulator::links::CourierLogin> = config.auth.clone().map(|keys| {
+        let f: simulator::links::CourierLogin = Arc::new(move |id: &str| {
+            let now = courier_wire::clock::unix_now() as u64;
+            keys.sign(&courier_auth::Claims::courier(id, now, 24 * 3600))
+        });
+        f
+    });
+    let also = a
+        .also_mqtt_url
+        .iter()
+        .map(|u| {
+            courier_wire::MqttEndpoint::parse(u).with_context(|| format!("--also-mqtt-url {u:?}"))
         })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let sim = simulator::Simulator {
+        config: cfg,
+        mqtt: endpoint.clone(),
+        also,
+        assigner: simulator::watchers::Assigner::Redis {
+            url: config.redis_url.clone(),
+            keys: config.keys.clone(),
+        },
+        viewer: simulator::watchers::Viewer::Broker { endpoint },
+        stats: Arc::new(simulator::SimStats::default()),
+        courier_login,
     };
-    let report = simulator::run(cfg.clone(), endpoint, stats, shutdown).await?;
-    progress.abort();
-    println!("{}", report.line(&cfg));
+    let report = sim.run(shutdown, |s| eprintln!("{}", s.line())).await?;
+    println!("{}", report.line());
+    if let Some(path) = a.report {
+        let json = serde_json::to_string_pretty(&report)?;
+        std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+async fn nearest(a: NearestArgs, config: courier_pipeline::Config) -> anyhow::Result<()> {
+    let q = dispatch::Query {
+        lat: a.lat,
+        lon: a.lon,
+        count: a.count,
+        radii_km: dispatch::query::parse_radii(&a.radii).map_err(anyhow::Error::msg)?,
+        max_age: a.max_age,
+        any: a.any,
+    };
+    q.validate()?;
+    let d = dispatch::Dispatch::connect(&config.redis_url, config.keys.clone()).await?;
+    if let Some(n) = a.bench {
+        let r = dispatch::bench::searches(&d, vec![q], n, 32).await?;
+        println!("{}", r.line("nearest"));
+        return Ok(());
+    }
+    let now = courier_wire::clock::unix_now();
+    let found = d.nearest(&q, now).await?;
+    match found.ring {
+        Some(r) => println!(
+            "{} nearest within {} km (ring {} of {}), seen in the last {}:",
+            found.couriers.len(),
+            q.radii_km[r],
+            r + 1,
+            q.radii_km.len(),
+            humantime::format_duration(q.max_age)
+        ),
+        None => println!(
+            "only {} within {} km (the widest ring), seen in the last {}:",
+            found.couriers.len(),
+            q.radii_km.last().copied().unwrap_or_default(),
+            humantime::format_duration(q.max_age)
+        ),
+    }
+    for c in &found.couriers {
+        println!(
+            "  {}  {:.3} km  last seen {:.1}s ago",
+            c.id,
+            c.dist_km,
+            (now - c.seen).max(0.0)
+        );
+    }
     Ok(())
 }
 

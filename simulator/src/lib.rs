@@ -1,210 +1,520 @@
 //! Load for courier-pipeline: couriers moving at about 30 km/h inside a bounding box, each
-//! publishing `{"id","lat","lon","ts","seq"}` QoS 0 on `couriers/{id}/loc` at a fixed interval,
-//! over `connections` MQTT connections, against any broker.
+//! publishing `{"id","lat","lon","ts","seq"}` QoS 0 on `couriers/{id}/loc`, against any broker;
+//! and customers watching their orders on `track/{order}`, measuring the phone-to-viewer delay.
 //!
-//! Sits before the broker in the data flow: `simulator --couriers/{id}/loc--> broker`.
-//! `motion` is the pure part (movement, payloads); `run` is the MQTT edge.
+//! ```text
+//! simulator --couriers/<id>/loc, couriers/<id>/status--> broker --> pipeline
+//!           <--track/<order>-- broker (watchers)      --courier:order--> Redis (order assignment)
+//! ```
+//!
+//! The pure part: `motion` (movement, payloads), `phone` (profiles, faults, offline buffer),
+//! `faults` (who fails when), `histogram`, `report`. The edges: `links` (MQTT connections, one
+//! per courier by default, each with its Last Will), `watchers` (orders and viewers).
 
+pub mod config;
+pub mod faults;
+pub mod histogram;
+pub mod limits;
+pub mod links;
 pub mod motion;
+pub mod phone;
+pub mod report;
+pub mod watchers;
 
-use courier_wire::clock::unix_now;
-use courier_wire::{loc_topic, MqttEndpoint};
-use motion::{BBox, Courier};
-use rand::{rngs::SmallRng, SeedableRng};
-use rumqttc::{AsyncClient, Event, Outgoing, QoS};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+pub use config::{Faults, Mix, Profile, SimConfig, Watchers};
+pub use report::{Report, Second, SimStats};
+
+use courier_wire::{clock::unix_now, loc_topic, status_topic, MqttEndpoint};
+use links::{Link, Opener};
+use phone::{Action, Counts, Kind, Phone};
+use rand::{rngs::SmallRng, Rng, SeedableRng};
+use rumqttc::QoS;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use watchers::{Assigner, Viewer};
 
-/// What to simulate.
-#[derive(Debug, Clone)]
-pub struct SimConfig {
-    pub couriers: usize,
-    /// Each courier sends one point per interval.
-    pub interval: Duration,
-    /// MQTT connections the couriers are spread over.
-    pub connections: usize,
-    /// Stop after this long (`None`: until shutdown).
-    pub duration: Option<Duration>,
-    pub bbox: BBox,
-    /// Courier ids are `<prefix><5-digit number>`.
-    pub id_prefix: String,
-    pub seed: u64,
-}
-
-impl Default for SimConfig {
-    fn default() -> Self {
-        SimConfig {
-            couriers: 1000,
-            interval: Duration::from_secs(4),
-            connections: 8,
-            duration: None,
-            bbox: BBox::RIYADH,
-            id_prefix: "c".into(),
-            seed: 42,
-        }
-    }
-}
-
-impl SimConfig {
-    /// Points per second this configuration asks for.
-    pub fn expected_rate(&self) -> f64 {
-        self.couriers as f64 / self.interval.as_secs_f64()
-    }
-}
-
-/// Points handed to the MQTT connections so far.
-#[derive(Debug, Default)]
-pub struct SimStats {
-    pub sent: AtomicU64,
-}
-
+/// A simulator failure.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
+    /// A setting that cannot work.
     #[error("simulator: {0}")]
     Config(String),
+    /// Assigning orders in Redis failed.
+    #[error("simulator: redis: {0}")]
+    Redis(#[from] redis::RedisError),
 }
 
-/// Final figures.
-#[derive(Debug, Clone)]
-pub struct Report {
-    pub sent: u64,
-    pub seconds: f64,
-}
-
-impl Report {
-    /// The summary line in the reference article's form.
-    pub fn line(&self, cfg: &SimConfig) -> String {
-        format!(
-            "sim: {} couriers every {}s -> expected {:.0} msg/s; sent {} in {:.1}s = {:.0} msg/s",
-            cfg.couriers,
-            cfg.interval.as_secs_f64(),
-            cfg.expected_rate(),
-            self.sent,
-            self.seconds,
-            self.sent as f64 / self.seconds.max(1e-9)
-        )
+impl SimError {
+    /// True when the same call may succeed later.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            SimError::Config(_) => false,
+            SimError::Redis(e) => e.is_io_error() || e.is_connection_dropped() || e.is_timeout(),
+        }
     }
 }
 
-/// Publishes until `duration` passes or `shutdown` fires.
-pub async fn run(
-    cfg: SimConfig,
-    endpoint: MqttEndpoint,
-    stats: Arc<SimStats>,
-    shutdown: CancellationToken,
-) -> Result<Report, SimError> {
-    if cfg.couriers == 0 || cfg.connections == 0 || cfg.interval.is_zero() {
-        return Err(SimError::Config(
-            "couriers, connections and interval must be above zero".into(),
-        ));
-    }
-    let stop = shutdown.child_token();
-    let started = Instant::now();
-    let connections = cfg.connections.min(cfg.couriers);
-    let mut tasks = Vec::new();
-    for k in 0..connections {
-        let ids: Vec<usize> = (k..cfg.couriers).step_by(connections).collect();
-        tasks.push(tokio::spawn(connection(
-            k,
-            ids,
-            cfg.clone(),
-            endpoint.clone(),
-            stats.clone(),
-            stop.clone(),
-        )));
-    }
-    if let Some(d) = cfg.duration {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = tokio::time::sleep(d) => stop.cancel(),
-                _ = stop.cancelled() => {}
-            }
-        });
-    }
-    for t in tasks {
-        let _ = t.await;
-    }
-    Ok(Report {
-        sent: stats.sent.load(Relaxed),
-        seconds: started.elapsed().as_secs_f64(),
-    })
+/// Request queue of a shared connection: deep, since it carries thousands of couriers.
+const SHARED_QUEUE: usize = 16_384;
+/// Request queue of one phone's connection: a few points while it connects.
+const PHONE_QUEUE: usize = 32;
+/// Shards (tasks) that drive the phones when every phone has its own connection.
+const PHONE_SHARDS: usize = 4;
+/// Most phones one shard wakes before yielding, so stop and the clock are checked.
+const WAKE_BATCH: usize = 4096;
+
+/// The simulator: couriers and, with `watchers.orders`, customers.
+pub struct Simulator {
+    pub config: SimConfig,
+    pub mqtt: MqttEndpoint,
+    /// More addresses of the same broker (other listeners, or cluster nodes): courier
+    /// connections are spread over `mqtt` and these. One source address has about 28,000
+    /// ephemeral ports per destination, so 50,000 phones on one machine need two.
+    pub also: Vec<MqttEndpoint>,
+    pub assigner: Assigner,
+    pub viewer: Viewer,
+    pub stats: Arc<SimStats>,
+    /// Device tokens for courier connections (see [`links::CourierLogin`]).
+    pub courier_login: Option<links::CourierLogin>,
 }
 
-/// One MQTT connection carrying the points of `ids`, paced evenly: every 10 ms it sends what
-/// the rate says is due, so the load is smooth rather than a burst per interval.
-async fn connection(
-    k: usize,
-    ids: Vec<usize>,
-    cfg: SimConfig,
-    endpoint: MqttEndpoint,
-    stats: Arc<SimStats>,
-    stop: CancellationToken,
-) {
-    let o = courier_wire::mqtt::options(&endpoint, &courier_wire::mqtt::client_id("sim", k), 4096);
-    let (client, mut eventloop) = AsyncClient::new(o, 4096);
-    let ev_stop = stop.clone();
-    let driver = tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                ev = eventloop.poll() => match ev {
-                    Ok(Event::Outgoing(Outgoing::Disconnect)) => break,
-                    Ok(_) => {}
-                    Err(e) => {
-                        if ev_stop.is_cancelled() { break; }
-                        tracing::warn!(error = %e, "simulator connection failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                },
+impl Simulator {
+    /// Runs until `duration` passes or `shutdown` fires; `on_second` sees each second's
+    /// figures (the progress line). Returns every figure of the run.
+    pub async fn run(
+        self,
+        shutdown: CancellationToken,
+        mut on_second: impl FnMut(&Second),
+    ) -> Result<Report, SimError> {
+        let cfg = Arc::new(self.config);
+        cfg.validate().map_err(SimError::Config)?;
+        if cfg.per_courier() {
+            let want = cfg.couriers as u64 + cfg.watchers.orders as u64 + 1024;
+            let got = limits::raise_nofile(want);
+            if got < want {
+                tracing::warn!(
+                    want,
+                    got,
+                    "open-file limit below one descriptor per courier; some will not connect"
+                );
             }
         }
-    });
+        let stats = self.stats.clone();
+        let stop = shutdown.child_token();
+        let start = unix_now();
+        let mut rng = SmallRng::seed_from_u64(cfg.seed);
 
-    let mut rng = SmallRng::seed_from_u64(cfg.seed.wrapping_add(k as u64));
-    let now = unix_now();
-    let mut couriers: Vec<(String, String, Courier)> = ids
-        .iter()
-        .map(|&i| {
-            let id = format!("{}{i:05}", cfg.id_prefix);
-            let topic = loc_topic(&id);
-            (id, topic, Courier::new(cfg.bbox, &mut rng, now))
-        })
-        .collect();
-    let rate = couriers.len() as f64 / cfg.interval.as_secs_f64();
-    let started = Instant::now();
-    let mut sent = 0u64;
-    let mut next = 0usize;
-    let mut tick = tokio::time::interval(Duration::from_millis(10));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    'outer: loop {
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            _ = tick.tick() => {}
+        // Phones, their kinds and faults; then the orders.
+        let window = cfg.fault_window();
+        let mut phones: Vec<Phone> = (0..cfg.couriers)
+            .map(|i| {
+                let kind = Kind::of(&cfg.profile, i);
+                let plan = if kind == Kind::OffShift {
+                    faults::Plan::default()
+                } else {
+                    faults::Plan::draw(&cfg.faults, start, window, &mut rng)
+                };
+                Phone::new(
+                    format!("{}{i:05}", cfg.id_prefix),
+                    kind,
+                    plan,
+                    &cfg,
+                    start,
+                    &mut rng,
+                )
+            })
+            .collect();
+        let mut kinds: Vec<(Kind, usize)> = Vec::new();
+        for p in &phones {
+            match kinds.iter_mut().find(|(k, _)| *k == p.kind) {
+                Some((_, n)) => *n += 1,
+                None => kinds.push((p.kind, 1)),
+            }
         }
-        let due = (started.elapsed().as_secs_f64() * rate) as u64;
-        let now = unix_now();
-        let mut batch = 0u64;
-        while sent < due {
-            let (id, topic, c) = &mut couriers[next];
-            next = (next + 1) % ids.len();
-            let payload = c.advance(now, &mut rng, cfg.bbox).payload(id);
-            if client
-                .publish(topic.clone(), QoS::AtMostOnce, false, payload)
+        let active = phones.iter().filter(|p| p.active()).count();
+        let expected = phone::expected_rate(&cfg, &kinds);
+        let tag: u32 = rng.random();
+        let picks: Vec<(Kind, bool)> = phones
+            .iter()
+            .map(|p| (p.kind, p.plan.is_faulty()))
+            .collect();
+        let pairs: Vec<(String, String)> = phone::pick_order_couriers(&picks, cfg.watchers.orders)
+            .into_iter()
+            .enumerate()
+            .map(|(n, i)| (phones[i].id.clone(), format!("o{tag:08x}-{n:05}")))
+            .collect();
+
+        // Watchers first, so the first tracks are seen.
+        let watch_stop = CancellationToken::new();
+        let watch_tasks = TaskTracker::new();
+        if !pairs.is_empty() {
+            self.assigner.assign(&pairs).await?;
+            let mut ready = Vec::new();
+            for (n, (_, order)) in pairs.iter().enumerate() {
+                let r = CancellationToken::new();
+                ready.push(r.clone());
+                watch_tasks.spawn(watchers::watch(
+                    self.viewer.clone(),
+                    n,
+                    order.clone(),
+                    stats.clone(),
+                    r,
+                    watch_stop.clone(),
+                ));
+            }
+            let all = async {
+                for r in &ready {
+                    r.cancelled().await;
+                }
+            };
+            if tokio::time::timeout(Duration::from_secs(10), all)
                 .await
                 .is_err()
             {
-                break 'outer;
-            }
-            sent += 1;
-            batch += 1;
-            if stop.is_cancelled() {
-                break;
+                tracing::warn!(
+                    "not every watcher subscribed within 10s; measuring with those that did"
+                );
             }
         }
-        stats.sent.fetch_add(batch, Relaxed);
+        watch_tasks.close();
+
+        // Couriers: shards of phones, each shard one task.
+        let opener = Opener {
+            endpoints: Arc::new(
+                std::iter::once(self.mqtt.clone())
+                    .chain(self.also.iter().cloned())
+                    .collect(),
+            ),
+            stats: stats.clone(),
+            permits: Arc::new(Semaphore::new(cfg.connect_concurrency)),
+            tasks: TaskTracker::new(),
+            courier_login: self.courier_login.clone(),
+        };
+        let shards = match cfg.connections {
+            Some(k) => k.min(cfg.couriers),
+            None => PHONE_SHARDS.min(cfg.couriers),
+        };
+        let mut groups: Vec<Vec<Phone>> = (0..shards).map(|_| Vec::new()).collect();
+        for (i, p) in phones.drain(..).enumerate() {
+            groups[i % shards].push(p);
+        }
+        let started = Instant::now();
+        let mut shard_tasks = Vec::new();
+        for (k, group) in groups.into_iter().enumerate() {
+            let seed = cfg.seed.wrapping_add(k as u64 + 1);
+            shard_tasks.push(tokio::spawn(shard(
+                k,
+                group,
+                cfg.clone(),
+                opener.clone(),
+                seed,
+                stop.clone(),
+            )));
+        }
+        if let Some(d) = cfg.duration {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(d) => stop.cancel(),
+                    _ = stop.cancelled() => {}
+                }
+            });
+        }
+
+        // One progress line a second until the shards stop.
+        let mut per_second = Vec::new();
+        let mut tick = tokio::time::interval_at(
+            tokio::time::Instant::now() + Duration::from_secs(1),
+            Duration::from_secs(1),
+        );
+        let (mut last_sent, mut last_upd) = (0, 0);
+        let all_done = futures_join(shard_tasks);
+        tokio::pin!(all_done);
+        let links = loop {
+            tokio::select! {
+                links = &mut all_done => break links,
+                _ = tick.tick() => {
+                    let (sent, upd) = (stats.sent.load(Relaxed), stats.watcher_updates.load(Relaxed));
+                    let h = stats.take_second();
+                    let s = Second {
+                        t: started.elapsed().as_secs_f64().round() as u64,
+                        sent: sent - last_sent,
+                        watcher_updates: upd - last_upd,
+                        connections_up: stats.connections_up.load(Relaxed),
+                        delay_p50_ms: h.quantile(0.5).map(|v| v as f64 / 1000.0),
+                        delay_p99_ms: h.quantile(0.99).map(|v| v as f64 / 1000.0),
+                    };
+                    (last_sent, last_upd) = (sent, upd);
+                    on_second(&s);
+                    per_second.push(s);
+                }
+            }
+        };
+        let seconds = started.elapsed().as_secs_f64();
+
+        // Shift end: courier connections say DISCONNECT (after `offline` on their own
+        // connection); the last tracks have a moment to arrive; then everything is closed.
+        opener.tasks.close();
+        let _ = tokio::time::timeout(Duration::from_secs(5), opener.tasks.wait()).await;
+        drop(links);
+        tokio::time::sleep(Duration::from_millis(if pairs.is_empty() {
+            0
+        } else {
+            300
+        }))
+        .await;
+        watch_stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(2), watch_tasks.wait()).await;
+        if let Err(e) = self.assigner.finish(&pairs).await {
+            tracing::warn!(error = %e, "could not remove this run's orders");
+        }
+
+        let sent = stats.sent.load(Relaxed);
+        let (cpu_seconds, max_rss_kib) = report::own_usage();
+        Ok(Report {
+            couriers: cfg.couriers,
+            active,
+            interval: cfg.interval_label(),
+            connections: cfg
+                .connections
+                .map_or("per_courier".to_string(), |k| k.to_string()),
+            orders: pairs.len(),
+            expected_rate: expected,
+            seconds,
+            sent,
+            rate: sent as f64 / seconds.max(1e-9),
+            status_sent: stats.status_sent.load(Relaxed),
+            client_dropped: stats.client_dropped.load(Relaxed),
+            connects: stats.connects.load(Relaxed),
+            connect_errors: stats.connect_errors.load(Relaxed),
+            connections_max: stats.connections_max.load(Relaxed),
+            faults: stats.counts(),
+            watcher_updates: stats.watcher_updates.load(Relaxed),
+            watcher_bad: stats.watcher_bad.load(Relaxed),
+            delay: report::Delay::of(&stats.delay_total()),
+            cpu_seconds,
+            max_rss_kib,
+            per_second,
+        })
     }
-    let _ = client.disconnect().await;
-    let _ = tokio::time::timeout(Duration::from_secs(2), driver).await;
+}
+
+/// Waits for every shard and gathers the links they still hold.
+async fn futures_join(tasks: Vec<tokio::task::JoinHandle<Vec<Link>>>) -> Vec<Link> {
+    let mut links = Vec::new();
+    for t in tasks {
+        match t.await {
+            Ok(l) => links.extend(l),
+            Err(e) => tracing::error!(error = %e, "simulator shard panicked"),
+        }
+    }
+    links
+}
+
+/// Where a shard's points go.
+enum Conns {
+    /// Every phone its own connection (index = phone), `None` while offline or off shift.
+    PerPhone(Vec<Option<Link>>),
+    /// One connection for the whole shard.
+    Shared(Link),
+}
+
+/// Drives a group of phones: wakes each when due (a heap of due times), does what it asks.
+/// Returns its links after saying goodbye on them, so the caller can let them finish.
+async fn shard(
+    k: usize,
+    mut phones: Vec<Phone>,
+    cfg: Arc<SimConfig>,
+    opener: Opener,
+    seed: u64,
+    stop: CancellationToken,
+) -> Vec<Link> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let topics: Vec<String> = phones.iter().map(|p| loc_topic(&p.id)).collect();
+    let mut conns = match cfg.connections {
+        Some(_) => Conns::Shared(opener.open(k, k, None, SHARED_QUEUE)),
+        None => Conns::PerPhone((0..phones.len()).map(|_| None).collect()),
+    };
+    let stats = opener.stats.clone();
+    let base = Instant::now();
+    let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::with_capacity(phones.len());
+    let mut out = Vec::new();
+    let mut counts = Counts::default();
+    let (mut sent, mut status, mut dropped) = (0u64, 0u64, 0u64);
+    for i in 0..phones.len() {
+        if let Some(first) = phones[i].start(&cfg, &mut rng, &mut out) {
+            heap.push(Reverse(((first * 1e9) as u64, i as u32)));
+        }
+        apply(
+            i,
+            &mut out,
+            &phones,
+            &topics,
+            &mut conns,
+            &opener,
+            &mut sent,
+            &mut status,
+            &mut dropped,
+        )
+        .await;
+    }
+    let mut last_flush = Instant::now();
+    'run: loop {
+        let Some(&Reverse((due, _))) = heap.peek() else {
+            stop.cancelled().await;
+            break;
+        };
+        let at = base + Duration::from_nanos(due);
+        if at > Instant::now() {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep_until(at.into()) => {}
+            }
+        }
+        let now = Instant::now();
+        let wall = unix_now();
+        for _ in 0..WAKE_BATCH {
+            let Some(&Reverse((due, i))) = heap.peek() else {
+                break;
+            };
+            if base + Duration::from_nanos(due) > now {
+                break;
+            }
+            heap.pop();
+            let i = i as usize;
+            let gap = phones[i].wake(wall, &cfg, &mut rng, &mut out, &mut counts);
+            heap.push(Reverse((due + (gap * 1e9) as u64, i as u32)));
+            if !apply(
+                i,
+                &mut out,
+                &phones,
+                &topics,
+                &mut conns,
+                &opener,
+                &mut sent,
+                &mut status,
+                &mut dropped,
+            )
+            .await
+            {
+                break 'run;
+            }
+        }
+        if last_flush.elapsed() >= Duration::from_millis(100) {
+            flush(&stats, &mut counts, &mut sent, &mut status, &mut dropped);
+            last_flush = Instant::now();
+        }
+        if stop.is_cancelled() {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    flush(&stats, &mut counts, &mut sent, &mut status, &mut dropped);
+    // Shift end: a clean DISCONNECT (no Will); a phone's own connection says `offline` first.
+    match conns {
+        Conns::Shared(link) => {
+            let _ = link.client.try_disconnect();
+            vec![link]
+        }
+        Conns::PerPhone(links) => links
+            .into_iter()
+            .zip(&phones)
+            .filter_map(|(l, p)| {
+                let l = l?;
+                let _ =
+                    l.client
+                        .try_publish(status_topic(&p.id), QoS::AtMostOnce, false, "offline");
+                let _ = l.client.try_disconnect();
+                Some(l)
+            })
+            .collect(),
+    }
+}
+
+fn flush(
+    stats: &SimStats,
+    counts: &mut Counts,
+    sent: &mut u64,
+    status: &mut u64,
+    dropped: &mut u64,
+) {
+    stats.sent.fetch_add(std::mem::take(sent), Relaxed);
+    stats.status_sent.fetch_add(std::mem::take(status), Relaxed);
+    stats
+        .client_dropped
+        .fetch_add(std::mem::take(dropped), Relaxed);
+    stats.add_counts(&std::mem::take(counts));
+}
+
+/// Does what phone `i` asked. A shared connection takes points with back-pressure (the
+/// simulator slows down rather than drops); a phone's own connection never blocks the shard:
+/// when its queue is full the point is dropped and counted. Returns false when a shared
+/// connection is gone.
+#[allow(clippy::too_many_arguments)]
+async fn apply(
+    i: usize,
+    out: &mut Vec<Action>,
+    phones: &[Phone],
+    topics: &[String],
+    conns: &mut Conns,
+    opener: &Opener,
+    sent: &mut u64,
+    status: &mut u64,
+    dropped: &mut u64,
+) -> bool {
+    for a in out.drain(..) {
+        match conns {
+            Conns::Shared(link) => {
+                if let Action::Send(p) | Action::Flush(p) = a {
+                    if link
+                        .client
+                        .publish(topics[i].clone(), QoS::AtMostOnce, false, p)
+                        .await
+                        .is_err()
+                    {
+                        return false;
+                    }
+                    *sent += 1;
+                }
+            }
+            Conns::PerPhone(links) => match a {
+                Action::Connect => {
+                    links[i] = Some(opener.open(i, phones[i].n, Some(&phones[i].id), PHONE_QUEUE))
+                }
+                Action::Drop => links[i] = None,
+                Action::Online => {
+                    if let Some(l) = &links[i] {
+                        match l.client.try_publish(
+                            status_topic(&phones[i].id),
+                            QoS::AtMostOnce,
+                            false,
+                            "online",
+                        ) {
+                            Ok(()) => *status += 1,
+                            Err(_) => *dropped += 1,
+                        }
+                    }
+                }
+                Action::Send(p) | Action::Flush(p) => match &links[i] {
+                    Some(l) => {
+                        match l
+                            .client
+                            .try_publish(topics[i].clone(), QoS::AtMostOnce, false, p)
+                        {
+                            Ok(()) => *sent += 1,
+                            Err(_) => *dropped += 1,
+                        }
+                    }
+                    None => *dropped += 1,
+                },
+            },
+        }
+    }
+    true
 }

@@ -51,11 +51,24 @@ impl Courier {
         }
     }
 
-    /// Moves for the time since the last point, turning a little and bouncing off the box.
+    /// Moves for the time since the last point, turning a little and bouncing off the box, and
+    /// makes the next point (seq + 1).
     pub fn advance(&mut self, now: f64, rng: &mut impl Rng, bbox: BBox) -> &mut Self {
+        self.travel(now, SPEED_M_PER_S, rng, bbox);
+        self.seq += 1;
+        self
+    }
+
+    /// Moves at `speed` (m/s; 0 = standing) for the time since `ts`, then sets `ts = now`;
+    /// seq is unchanged (a phone that moves without sending).
+    pub fn travel(&mut self, now: f64, speed: f64, rng: &mut impl Rng, bbox: BBox) {
         let dt = (now - self.ts).clamp(0.0, 60.0);
+        self.ts = now.max(self.ts);
+        if speed <= 0.0 || dt == 0.0 {
+            return;
+        }
         self.heading += rng.random_range(-0.3..0.3);
-        let d = SPEED_M_PER_S * dt;
+        let d = speed * dt;
         let mut lat = self.lat + d * self.heading.cos() / M_PER_DEG_LAT;
         let mut lon =
             self.lon + d * self.heading.sin() / (M_PER_DEG_LAT * self.lat.to_radians().cos());
@@ -69,28 +82,51 @@ impl Courier {
         }
         self.lat = lat;
         self.lon = lon;
-        self.ts = now.max(self.ts);
-        self.seq += 1;
-        self
     }
 
     /// `{"id","lat","lon","ts","seq"}` with the phone time to the millisecond, as apps send it.
     pub fn payload(&self, id: &str) -> Vec<u8> {
-        let mut f = ryu::Buffer::new();
-        let mut out = Vec::with_capacity(96);
-        out.extend_from_slice(b"{\"id\":\"");
-        out.extend_from_slice(id.as_bytes());
-        out.extend_from_slice(b"\",\"lat\":");
-        out.extend_from_slice(f.format_finite((self.lat * 1e6).round() / 1e6).as_bytes());
-        out.extend_from_slice(b",\"lon\":");
-        out.extend_from_slice(f.format_finite((self.lon * 1e6).round() / 1e6).as_bytes());
-        out.extend_from_slice(b",\"ts\":");
-        out.extend_from_slice(f.format_finite((self.ts * 1e3).round() / 1e3).as_bytes());
-        out.extend_from_slice(b",\"seq\":");
-        out.extend_from_slice(self.seq.to_string().as_bytes());
-        out.push(b'}');
-        out
+        payload(id, self.lat, self.lon, self.ts, self.seq)
     }
+}
+
+/// Metres between two nearby points (equirectangular; exact enough within a city).
+pub fn distance_m(lat1: f64, lon1: f64, lat2: f64, lon2: f64) -> f64 {
+    let dy = (lat2 - lat1) * M_PER_DEG_LAT;
+    let dx = (lon2 - lon1) * M_PER_DEG_LAT * ((lat1 + lat2) / 2.0).to_radians().cos();
+    (dx * dx + dy * dy).sqrt()
+}
+
+/// A point payload: coordinates to 6 decimals (about 0.1 m), phone time to the millisecond.
+pub fn payload(id: &str, lat: f64, lon: f64, ts: f64, seq: u64) -> Vec<u8> {
+    let mut f = ryu::Buffer::new();
+    let mut out = Vec::with_capacity(96);
+    out.extend_from_slice(b"{\"id\":\"");
+    out.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(b"\",\"lat\":");
+    out.extend_from_slice(f.format_finite((lat * 1e6).round() / 1e6).as_bytes());
+    out.extend_from_slice(b",\"lon\":");
+    out.extend_from_slice(f.format_finite((lon * 1e6).round() / 1e6).as_bytes());
+    out.extend_from_slice(b",\"ts\":");
+    out.extend_from_slice(f.format_finite((ts * 1e3).round() / 1e3).as_bytes());
+    out.extend_from_slice(b",\"seq\":");
+    push_u64(&mut out, seq);
+    out.push(b'}');
+    out
+}
+
+fn push_u64(out: &mut Vec<u8>, mut v: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
 }
 
 #[cfg(test)]

@@ -1,0 +1,389 @@
+//! The whole pipeline under stepping load: `courier-pipeline run` (embedded broker), and again
+//! `courier-pipeline ingest` against Mosquitto, fed by `courier-pipeline simulate` at rising
+//! rates. Prints a table (and writes it to a file): rate asked, sent, received by ingest,
+//! accepted, loss, history rows, phone-to-viewer delay, CPU per point and RSS per process.
+//!
+//!   ./dev bench pipeline
+//!   PIPELINE_STEP_SECONDS=5 PIPELINE_RATES=2000,8000 PIPELINE_MODES=embedded ./dev bench pipeline
+//!
+//! Settings (environment): PIPELINE_RATES (msg/s, default 2000,...,128000), PIPELINE_STEP_SECONDS
+//! (default 30), PIPELINE_MODES (embedded,mosquitto), PIPELINE_ORDERS (watched orders, 20),
+//! PIPELINE_WORKERS (ingest workers, 2), PIPELINE_TABLE (output file, default
+//! <target dir>/pipeline-bench.md). Figures come only from the processes' /metrics and the
+//! simulator's --report JSON. Everything started is stopped by PID; keys live under a fresh
+//! prefix and are deleted. `cargo test` runs nothing here.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_courier-pipeline");
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// A process this benchmark started, stopped by its PID when dropped.
+struct Proc {
+    name: &'static str,
+    child: Child,
+}
+
+impl Proc {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `GET /metrics`, as text.
+fn scrape(addr: SocketAddr) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    body.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}
+
+/// The sum of every series of `name` whose labels contain `label` (e.g. `result="accepted"`).
+fn metric(text: &str, name: &str, label: Option<&str>) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let (n, labels) = match series.split_once('{') {
+            Some((n, l)) => (n, l),
+            None => (series, ""),
+        };
+        if n == name && label.is_none_or(|l| labels.contains(l)) {
+            *found.get_or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    found
+}
+
+/// CPU seconds (user + system) of a live process.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces): utime and stime are the 12th and
+    // 13th; clock ticks of 1/100 s on Linux.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+fn wait_port(addr: SocketAddr, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        assert!(Instant::now() < deadline, "{what} did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+struct Row {
+    mode: String,
+    rate: u64,
+    sent: u64,
+    sent_rate: f64,
+    received: f64,
+    accepted: f64,
+    lost_pct: f64,
+    cursor_jumps: Option<f64>,
+    queue_dropped: f64,
+    reconnects: f64,
+    history: Option<f64>,
+    delay: String,
+    cpu: String,
+    rss: String,
+}
+
+fn header() -> String {
+    "| broker | rate asked | sent (msg/s) | received by ingest | accepted | lost | broker loss signal | ingest queue drops | ingest reconnects | history rows | delay p50 / p99 | CPU µs per point | RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|".to_string()
+}
+
+impl Row {
+    fn line(&self) -> String {
+        let opt = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.0}"));
+        format!(
+            "| {} | {} | {} ({:.0}) | {:.0} | {:.0} | {:.2}% | {} | {:.0} | {:.0} | {} | {} | {} | {} |",
+            self.mode,
+            self.rate,
+            self.sent,
+            self.sent_rate,
+            self.received,
+            self.accepted,
+            self.lost_pct,
+            opt(self.cursor_jumps),
+            self.queue_dropped,
+            self.reconnects,
+            opt(self.history),
+            self.delay,
+            self.cpu,
+            self.rss
+        )
+    }
+}
+
+fn mosquitto_bin() -> PathBuf {
+    [
+        "/usr/sbin/mosquitto",
+        "/usr/bin/mosquitto",
+        "/usr/local/sbin/mosquitto",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.exists())
+    .expect("mosquitto not installed (./dev installs it)")
+}
+
+fn spawn(name: &'static str, cmd: &mut Command, log: &Path) -> Proc {
+    let out = std::fs::File::create(log).unwrap();
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(out)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+    Proc { name, child }
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let rates: Vec<u64> = env_or("PIPELINE_RATES", "2000,4000,8000,16000,32000,64000,128000")
+        .split(',')
+        .map(|r| r.trim().parse().expect("PIPELINE_RATES: numbers"))
+        .collect();
+    let step: f64 = env_or("PIPELINE_STEP_SECONDS", "30")
+        .parse()
+        .expect("PIPELINE_STEP_SECONDS");
+    let orders = env_or("PIPELINE_ORDERS", "20");
+    let workers = env_or("PIPELINE_WORKERS", "2");
+    let modes = env_or("PIPELINE_MODES", "embedded,mosquitto");
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
+    let table = PathBuf::from(env_or(
+        "PIPELINE_TABLE",
+        &format!("{target}/pipeline-bench.md"),
+    ));
+    let redis_url = std::env::var("REDIS_URL").expect("REDIS_URL (./dev bench sets it)");
+    let dir = std::env::temp_dir().join(format!("pipeline-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    let started = Instant::now();
+    let mut rows = Vec::new();
+    println!("whole pipeline: steps of {step} s at {rates:?} msg/s (couriers = rate, one point a second each), {orders} watched orders, logs in {}", dir.display());
+    println!("{}", header());
+    for mode in modes.split(',').map(str::trim) {
+        let prefix = format!("pb{:08x}:", rand::random::<u32>());
+        let config = dir.join(format!("{mode}.toml"));
+        std::fs::write(
+            &config,
+            format!("[redis]\nkey_prefix = \"{prefix}\"\n\n[ingest]\nworkers = {workers}\n"),
+        )
+        .unwrap();
+        let (mqtt, metrics_addr) = (free_addr(), free_addr());
+        let common = |c: &mut Command| {
+            c.arg("--config")
+                .arg(&config)
+                .env("REDIS_URL", &redis_url)
+                .env("METRICS_LISTEN", metrics_addr.to_string())
+                .env("HTTP_LISTEN", free_addr().to_string())
+                .env("WS_LISTEN", free_addr().to_string())
+                .env("RUST_LOG", "warn");
+        };
+        let mut procs: Vec<Proc> = Vec::new();
+        match mode {
+            "embedded" => {
+                let mut c = Command::new(BIN);
+                c.arg("run")
+                    .env_remove("MQTT_URL")
+                    .env("MQTT_LISTEN", mqtt.to_string());
+                common(&mut c);
+                procs.push(spawn("run", &mut c, &dir.join("run.log")));
+            }
+            "mosquitto" => {
+                let conf = dir.join("mosquitto.conf");
+                std::fs::write(
+                    &conf,
+                    format!("listener {} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\nlog_type error\nmax_queued_messages 100000\n", mqtt.port()),
+                )
+                .unwrap();
+                let mut m = Command::new(mosquitto_bin());
+                m.arg("-c").arg(&conf);
+                procs.push(spawn("mosquitto", &mut m, &dir.join("mosquitto.log")));
+                wait_port(mqtt, "mosquitto");
+                let mut c = Command::new(BIN);
+                c.arg("ingest").env("MQTT_URL", format!("mqtt://{mqtt}"));
+                common(&mut c);
+                procs.push(spawn("ingest", &mut c, &dir.join("ingest.log")));
+            }
+            other => panic!("PIPELINE_MODES: unknown mode {other:?} (embedded, mosquitto)"),
+        }
+        wait_port(mqtt, "broker");
+        wait_port(metrics_addr, "metrics");
+        std::thread::sleep(Duration::from_secs(1));
+
+        for (n, &rate) in rates.iter().enumerate() {
+            let m0 = scrape(metrics_addr).unwrap_or_default();
+            let cpu0: Vec<f64> = procs.iter().map(|p| cpu_seconds(p.pid())).collect();
+            let report = dir.join(format!("{mode}-{rate}.json"));
+            let connections = (rate / 8000).clamp(2, 16);
+            let mut sim = Command::new(BIN);
+            sim.args(["simulate", "--interval", "1", "--orders", &orders])
+                .args([
+                    "--couriers",
+                    &rate.to_string(),
+                    "--connections",
+                    &connections.to_string(),
+                ])
+                .args([
+                    "--seconds",
+                    &step.to_string(),
+                    "--id-prefix",
+                    &format!("s{n}x"),
+                ])
+                .arg("--report")
+                .arg(&report)
+                .arg("--config")
+                .arg(&config)
+                .env("MQTT_URL", format!("mqtt://{mqtt}"))
+                .env("REDIS_URL", &redis_url)
+                .env("RUST_LOG", "warn");
+            let mut sim = spawn(
+                "simulate",
+                &mut sim,
+                &dir.join(format!("sim-{mode}-{rate}.log")),
+            );
+            let deadline = Instant::now() + Duration::from_secs_f64(step + 60.0);
+            while sim.child.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    eprintln!("simulator overran its step; stopping it");
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            drop(sim);
+            // Let ingest drain what is queued before reading its counters.
+            std::thread::sleep(Duration::from_secs(2));
+            let m1 = scrape(metrics_addr).unwrap_or_default();
+            let d = |name: &str, label: Option<&str>| -> Option<f64> {
+                Some(metric(&m1, name, label)? - metric(&m0, name, label).unwrap_or(0.0))
+            };
+            let r: serde_json::Value = std::fs::read(&report)
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or(serde_json::Value::Null);
+            let sent = r["sent"].as_u64().unwrap_or(0);
+            let received = d("ingest_messages_received_total", None).unwrap_or(0.0);
+            let ms = |v: &serde_json::Value| v.as_f64().map_or("-".into(), |v| format!("{v:.1}"));
+            let mut cpu = Vec::new();
+            let mut rss = Vec::new();
+            for (p, c0) in procs.iter().zip(&cpu0) {
+                let us = (cpu_seconds(p.pid()) - c0) * 1e6 / sent.max(1) as f64;
+                cpu.push(format!("{} {us:.1}", p.name));
+                rss.push(format!("{} {:.0}", p.name, rss_mib(p.pid())));
+            }
+            let sim_cpu = r["cpu_seconds"].as_f64().unwrap_or(0.0) * 1e6 / sent.max(1) as f64;
+            cpu.push(format!("sim {sim_cpu:.1}"));
+            rss.push(format!(
+                "sim {:.0}",
+                r["max_rss_kib"].as_f64().unwrap_or(0.0) / 1024.0
+            ));
+            let row = Row {
+                mode: mode.to_string(),
+                rate,
+                sent,
+                sent_rate: r["rate"].as_f64().unwrap_or(0.0),
+                received,
+                accepted: d("ingest_points_total", Some("result=\"accepted\"")).unwrap_or(0.0),
+                lost_pct: if sent == 0 {
+                    0.0
+                } else {
+                    ((sent as f64 - received) / sent as f64 * 100.0).max(0.0)
+                },
+                cursor_jumps: if mode == "embedded" {
+                    Some(d("broker_cursor_jumps_total", None).unwrap_or(0.0))
+                } else {
+                    None
+                },
+                queue_dropped: d("ingest_queue_dropped_total", None).unwrap_or(0.0),
+                reconnects: d(
+                    "mqtt_connection_events_total",
+                    Some("state=\"disconnected\""),
+                )
+                .unwrap_or(0.0),
+                history: d("history_rows_written_total", None),
+                delay: format!(
+                    "{} / {} ms",
+                    ms(&r["delay"]["p50_ms"]),
+                    ms(&r["delay"]["p99_ms"])
+                ),
+                cpu: cpu.join(", "),
+                rss: rss.join(", "),
+            };
+            println!("{}", row.line());
+            rows.push(row);
+        }
+        drop(procs);
+        let keys = courier_wire::Keys::with_prefix(&prefix);
+        if let Ok(mut c) = redis::Client::open(redis_url.as_str()).and_then(|c| c.get_connection())
+        {
+            let _: Result<(), _> = redis::cmd("DEL")
+                .arg(&keys.live)
+                .arg(&keys.seen)
+                .arg(&keys.seq)
+                .arg(&keys.order)
+                .query(&mut c);
+        }
+    }
+    let mut text = format!(
+        "Whole pipeline, steps of {step} s, couriers = rate (one point a second each), {orders} watched orders, ingest workers {workers}; took {:.0} s.\n\n{}\n",
+        started.elapsed().as_secs_f64(),
+        header()
+    );
+    for r in &rows {
+        text.push_str(&r.line());
+        text.push('\n');
+    }
+    std::fs::write(&table, &text).unwrap();
+    println!("table written to {}", table.display());
+    let _ = std::fs::remove_dir_all(&dir);
+}

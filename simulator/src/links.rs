@@ -1,0 +1,137 @@
+//! The MQTT edge of the couriers: connections and their event-loop tasks.
+//!
+//! A courier's own connection carries his Last Will (`offline` on `couriers/<id>/status`).
+//! Dropping its [`Link`] ends the event-loop task without a DISCONNECT, as a phone losing the
+//! network does, so the broker publishes the Will. Connection attempts take a permit from a
+//! semaphore: tens of thousands of phones ramp up instead of flooding the accept queue.
+
+use crate::report::SimStats;
+use courier_wire::MqttEndpoint;
+use rumqttc::{AsyncClient, Event, EventLoop, LastWill, Outgoing, Packet, QoS};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{oneshot, Semaphore};
+use tokio_util::task::TaskTracker;
+
+/// One open (or opening) MQTT connection.
+pub struct Link {
+    pub client: AsyncClient,
+    /// Dropped with the link: the event-loop task ends at once, without DISCONNECT.
+    _kill: oneshot::Sender<()>,
+}
+
+/// What every connection of one simulator shares.
+#[derive(Clone)]
+pub struct Opener {
+    /// Connection `n` goes to `endpoints[n % len]`.
+    pub endpoints: Arc<Vec<MqttEndpoint>>,
+    pub stats: Arc<SimStats>,
+    pub permits: Arc<Semaphore>,
+    pub tasks: TaskTracker,
+    /// A courier's own connection logs in as him with this password (his device token), where
+    /// the broker checks logins; `None`: the endpoint's credentials.
+    pub courier_login: Option<CourierLogin>,
+}
+
+/// Gives the device token (MQTT password) of a courier id.
+pub type CourierLogin = Arc<dyn Fn(&str) -> String + Send + Sync>;
+
+impl Opener {
+    /// Opens connection number `n` (of this shard: `i`); `will` is the courier whose Last Will
+    /// it carries. `capacity` bounds its request queue.
+    pub fn open(&self, i: usize, n: usize, will: Option<&str>, capacity: usize) -> Link {
+        let endpoint = &self.endpoints[n % self.endpoints.len()];
+        let mut o = courier_wire::mqtt::options(
+            endpoint,
+            &courier_wire::mqtt::client_id("sim", i),
+            capacity,
+        );
+        // QoS 0 only: no packet ids to track, so a small inflight window keeps each of tens of
+        // thousands of phone connections light.
+        o.set_inflight(10);
+        if let (Some(id), Some(login)) = (will, &self.courier_login) {
+            o.set_credentials(id, login(id));
+        }
+        if let Some(id) = will {
+            o.set_last_will(LastWill::new(
+                courier_wire::status_topic(id),
+                "offline",
+                QoS::AtMostOnce,
+                false,
+            ));
+        }
+        let (client, mut eventloop) = AsyncClient::new(o, capacity);
+        no_delay(&mut eventloop);
+        let (kill, killed) = oneshot::channel();
+        self.tasks.spawn(drive(
+            eventloop,
+            killed,
+            self.stats.clone(),
+            self.permits.clone(),
+        ));
+        Link {
+            client,
+            _kill: kill,
+        }
+    }
+}
+
+/// Phones send one small packet at a time: without TCP_NODELAY, Nagle's algorithm holds each
+/// behind the previous one's ACK and adds milliseconds to the phone-to-viewer delay.
+pub fn no_delay(el: &mut EventLoop) {
+    let mut n = el.network_options();
+    n.set_tcp_nodelay(true);
+    el.set_network_options(n);
+}
+
+async fn drive(
+    mut el: EventLoop,
+    mut killed: oneshot::Receiver<()>,
+    stats: Arc<SimStats>,
+    permits: Arc<Semaphore>,
+) {
+    let mut up = false;
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let permit = if up {
+            None
+        } else {
+            tokio::select! {
+                _ = &mut killed => break,
+                p = permits.clone().acquire_owned() => p.ok(),
+            }
+        };
+        let ev = tokio::select! {
+            _ = &mut killed => break,
+            ev = el.poll() => ev,
+        };
+        drop(permit);
+        match ev {
+            Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                up = true;
+                backoff = Duration::from_millis(250);
+                stats.connection_up();
+            }
+            Ok(Event::Outgoing(Outgoing::Disconnect)) => break,
+            Ok(_) => {}
+            Err(e) => {
+                if up {
+                    up = false;
+                    stats.connection_down();
+                } else {
+                    stats.connect_errors.fetch_add(1, Relaxed);
+                }
+                tracing::debug!(error = %e, "simulator connection failed; retrying");
+                tokio::select! {
+                    _ = &mut killed => break,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+    if up {
+        stats.connection_down();
+    }
+}
