@@ -32,6 +32,7 @@ pub(crate) async fn tracks(
     let opts =
         courier_wire::mqtt::options(&endpoint, &courier_wire::mqtt::client_id("fanout", 0), 10);
     let (client, mut eventloop) = AsyncClient::new(opts, 10);
+    courier_wire::mqtt::no_delay(&mut eventloop);
     let connected = metrics::counter!(m::MQTT_CONNECTION_EVENTS, "state" => "connected");
     let disconnected = metrics::counter!(m::MQTT_CONNECTION_EVENTS, "state" => "disconnected");
     let mut tally = Tally::default();

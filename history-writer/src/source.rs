@@ -55,6 +55,7 @@ pub(crate) async fn receive(
     let client_id = courier_wire::mqtt::client_id(&group, n);
     let options = courier_wire::mqtt::options(&endpoint, &client_id, 16);
     let (client, mut eventloop) = AsyncClient::new(options, 16);
+    courier_wire::mqtt::no_delay(&mut eventloop);
     let filter = topic::shared_loc_filter(&group);
     let connected = metrics::counter!(m::MQTT_CONNECTION_EVENTS, "state" => "connected");
     let disconnected = metrics::counter!(m::MQTT_CONNECTION_EVENTS, "state" => "disconnected");

@@ -42,7 +42,8 @@ pub(crate) async fn run(
         &client_id,
         config.batch_max * config.max_in_flight * 2,
     );
-    let (client, eventloop) = AsyncClient::new(options, 64);
+    let (client, mut eventloop) = AsyncClient::new(options, 64);
+    courier_wire::mqtt::no_delay(&mut eventloop);
     let filters = vec![
         topic::shared_loc_filter(&config.group),
         topic::shared_status_filter(&config.status_group),

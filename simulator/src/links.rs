@@ -14,6 +14,8 @@ use std::time::Duration;
 use tokio::sync::{oneshot, Semaphore};
 use tokio_util::task::TaskTracker;
 
+pub use courier_wire::mqtt::no_delay;
+
 /// One open (or opening) MQTT connection.
 pub struct Link {
     pub client: AsyncClient,
@@ -75,14 +77,6 @@ impl Opener {
             _kill: kill,
         }
     }
-}
-
-/// Phones send one small packet at a time: without TCP_NODELAY, Nagle's algorithm holds each
-/// behind the previous one's ACK and adds milliseconds to the phone-to-viewer delay.
-pub fn no_delay(el: &mut EventLoop) {
-    let mut n = el.network_options();
-    n.set_tcp_nodelay(true);
-    el.set_network_options(n);
 }
 
 async fn drive(

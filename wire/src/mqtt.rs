@@ -42,6 +42,14 @@ pub fn install_crypto_provider() {
     });
 }
 
+/// Points are small packets sent one at a time: without TCP_NODELAY, Nagle's algorithm holds
+/// each behind the previous one's ACK and adds milliseconds of delay.
+pub fn no_delay(el: &mut rumqttc::EventLoop) {
+    let mut n = el.network_options();
+    n.set_tcp_nodelay(true);
+    el.set_network_options(n);
+}
+
 /// A client id unique to this process and call: `<role>-<pid>-<n>-<random>`.
 pub fn client_id(role: &str, n: usize) -> String {
     format!("{role}-{}-{n}-{:08x}", std::process::id(), rand_u32())
