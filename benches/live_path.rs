@@ -160,7 +160,7 @@ fn main() {
 
     println!("live path: embedded rumqttd (own process) -> 1 ingest worker (own process) -> Redis; simulator as load; {seconds} s per rate");
     println!(
-        "{:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>7} {:>8} {:>10} {:>9} {:>9}",
+        "{:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9}",
         "rate/s",
         "sent",
         "received",
@@ -168,6 +168,7 @@ fn main() {
         "dups",
         "lost",
         "lost%",
+        "q.drops",
         "b.alerts",
         "cpu_us/pt",
         "rss_MiB",

@@ -2,11 +2,11 @@
 //!
 //! Run: `cargo bench -p courier-wire --features simd-bench --bench decode`
 //!
-//! Measured on the 2-core dev box, one run (2026-11-30, other builds running, so noisy):
-//!   serde_json, owned struct                 264 ns
-//!   simd-json, owned struct, reused buffers  320 ns
-//!   simd-json, owned struct, fresh buffers   520 ns
-//!   production decode_point (serde_json, borrowed id, float_roundtrip, validation)  341 ns
+//! Measured on the 2-core dev box, one run (2026-11-30, machine otherwise quiet):
+//!   serde_json, owned struct                 200 ns
+//!   simd-json, owned struct, reused buffers  248 ns
+//!   simd-json, owned struct, fresh buffers   383 ns
+//!   production decode_point (serde_json, borrowed id, float_roundtrip, validation)  235 ns
 //! serde_json stays: faster than simd-json on an 85-byte payload, and no extra dependency.
 
 use courier_wire::{decode_point, Validation};
