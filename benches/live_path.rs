@@ -43,10 +43,14 @@ impl Drop for Proc {
 }
 
 fn metrics(port: u16) -> String {
+    metrics_path(port, "/metrics")
+}
+
+fn metrics_path(port: u16, path: &str) -> String {
     let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
         return String::new();
     };
-    let _ = write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n");
+    let _ = write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n");
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
     out
@@ -97,10 +101,12 @@ fn status_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn wait_port(port: u16) {
+/// Waits until a process's `/readyz` answers 200 (probing the MQTT port itself would make
+/// rumqttd log an aborted connection).
+fn wait_ready(metrics_port: u16) {
     let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "port {port} never opened");
+    while !metrics_path(metrics_port, "/readyz").starts_with("HTTP/1.0 200") {
+        assert!(Instant::now() < deadline, "port {metrics_port} never ready");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -143,7 +149,7 @@ fn main() {
             .spawn()
             .unwrap(),
     );
-    wait_port(mqtt);
+    wait_ready(broker_metrics);
     let ingest = Proc(
         Command::new(BIN)
             .args(["--config", conf.to_str().unwrap(), "ingest"])
@@ -154,8 +160,7 @@ fn main() {
             .spawn()
             .unwrap(),
     );
-    wait_port(ingest_metrics);
-    std::thread::sleep(Duration::from_millis(500)); // subscriptions
+    wait_ready(ingest_metrics);
     let ipid = ingest.0.id();
 
     println!("live path: embedded rumqttd (own process) -> 1 ingest worker (own process) -> Redis; simulator as load; {seconds} s per rate");
