@@ -353,3 +353,44 @@ async fn simulate_with_orders_api_watches_through_the_gateway_and_delivers() {
     cleanup_all(&keys).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A refused assignment (wrong service key) ends the run with the API's answer, before any
+/// courier connects, and leaves no binding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_assignment_fails_the_run_with_the_api_answer() {
+    let broker = start_broker(BrokerKind::Embedded);
+    let keys = Keys::with_prefix(&prefix());
+    let f = start_fanout(&broker, keys.clone(), test_fanout_config()).await;
+    let config = SimConfig {
+        couriers: 4,
+        profile: every(0.25),
+        connections: Some(1),
+        duration: Some(Duration::from_secs(2)),
+        id_prefix: unique_prefix(),
+        watchers: Watchers { orders: 2 },
+        ..Default::default()
+    };
+    let mut sim = sim(&broker, &keys, config);
+    sim.assigner = Assigner::Api {
+        base_url: format!("http://{}", f.http),
+        service_key: "not-the-service-key-0000".into(),
+    };
+    sim.viewer = Viewer::Gateway;
+    let stats = sim.stats.clone();
+    let e = sim.run(CancellationToken::new(), |_| {}).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            simulator::SimError::Api {
+                status: Some(401),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(!e.is_retryable());
+    assert_eq!(stats.sent.load(Relaxed), 0);
+    assert_eq!(bindings(&keys).await, (0, 0));
+    f.stop().await;
+    cleanup_all(&keys).await;
+}
