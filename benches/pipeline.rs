@@ -3,6 +3,11 @@
 //! rates. Prints a table (and writes it to a file): rate asked, sent, received by ingest,
 //! accepted, loss, history rows, phone-to-viewer delay, CPU per point and RSS per process.
 //!
+//! The delay is measured the customer's way when the `run` process has fanout (the embedded
+//! mode with AUTH_KEYS and SERVICE_KEY set, as ./dev sets them): orders assigned through its
+//! orders API, watchers on its viewer gateway over WebSocket. Otherwise (Mosquitto mode, no
+//! keys) the watchers subscribe on the broker. Each row says which.
+//!
 //!   ./dev bench pipeline
 //!   PIPELINE_STEP_SECONDS=5 PIPELINE_RATES=2000,8000 PIPELINE_MODES=embedded ./dev bench pipeline
 //!
@@ -131,19 +136,21 @@ struct Row {
     reconnects: f64,
     history: Option<f64>,
     delay: String,
+    /// `gateway` or `broker`.
+    viewer_path: &'static str,
     cpu: String,
     rss: String,
 }
 
 fn header() -> String {
-    "| broker | rate asked | sent (msg/s) | received by ingest | accepted | lost | broker loss signal | ingest queue drops | ingest reconnects | history rows | delay p50 / p99 | CPU µs per point | RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|".to_string()
+    "| broker | rate asked | sent (msg/s) | received by ingest | accepted | lost | broker loss signal | ingest queue drops | ingest reconnects | history rows | delay p50 / p99 (viewer path) | CPU µs per point | RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|".to_string()
 }
 
 impl Row {
     fn line(&self) -> String {
         let opt = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.0}"));
         format!(
-            "| {} | {} | {} ({:.0}) | {:.0} | {:.0} | {:.2}% | {} | {:.0} | {:.0} | {} | {} | {} | {} |",
+            "| {} | {} | {} ({:.0}) | {:.0} | {:.0} | {:.2}% | {} | {:.0} | {:.0} | {} | {} ({}) | {} | {} |",
             self.mode,
             self.rate,
             self.sent,
@@ -156,6 +163,7 @@ impl Row {
             self.reconnects,
             opt(self.history),
             self.delay,
+            self.viewer_path,
             self.cpu,
             self.rss
         )
@@ -209,7 +217,7 @@ fn main() {
 
     let started = Instant::now();
     let mut rows = Vec::new();
-    println!("whole pipeline: steps of {step} s at {rates:?} msg/s (couriers = rate, one point a second each), {orders} watched orders, logs in {}", dir.display());
+    println!("whole pipeline: steps of {step} s at {rates:?} msg/s (couriers = rate, one point a second each), {orders} watched orders (through the orders API and the viewer gateway where `run` has fanout, else on the broker), logs in {}", dir.display());
     println!("{}", header());
     for mode in modes.split(',').map(str::trim) {
         let prefix = format!("pb{:08x}:", rand::random::<u32>());
@@ -219,13 +227,13 @@ fn main() {
             format!("[redis]\nkey_prefix = \"{prefix}\"\n\n[ingest]\nworkers = {workers}\n"),
         )
         .unwrap();
-        let (mqtt, metrics_addr) = (free_addr(), free_addr());
+        let (mqtt, metrics_addr, http_addr) = (free_addr(), free_addr(), free_addr());
         let common = |c: &mut Command| {
             c.arg("--config")
                 .arg(&config)
                 .env("REDIS_URL", &redis_url)
                 .env("METRICS_LISTEN", metrics_addr.to_string())
-                .env("HTTP_LISTEN", free_addr().to_string())
+                .env("HTTP_LISTEN", http_addr.to_string())
                 .env("WS_LISTEN", free_addr().to_string())
                 .env("RUST_LOG", "warn");
         };
@@ -260,6 +268,13 @@ fn main() {
         wait_port(mqtt, "broker");
         wait_port(metrics_addr, "metrics");
         std::thread::sleep(Duration::from_secs(1));
+        // `run` serves the orders API and the gateway when it has both keys; watch through them.
+        let has_fanout = mode == "embedded"
+            && ["AUTH_KEYS", "SERVICE_KEY"]
+                .iter()
+                .all(|k| std::env::var(k).is_ok_and(|v| !v.is_empty()))
+            && TcpStream::connect_timeout(&http_addr, Duration::from_secs(2)).is_ok();
+        let viewer_path = if has_fanout { "gateway" } else { "broker" };
 
         for (n, &rate) in rates.iter().enumerate() {
             let m0 = scrape(metrics_addr).unwrap_or_default();
@@ -282,6 +297,12 @@ fn main() {
                 ])
                 .arg("--report")
                 .arg(&report)
+                .args(
+                    has_fanout
+                        .then(|| ["--orders-api".to_string(), format!("http://{http_addr}")])
+                        .into_iter()
+                        .flatten(),
+                )
                 .arg("--config")
                 .arg(&config)
                 .env("MQTT_URL", format!("mqtt://{mqtt}"))
@@ -356,6 +377,7 @@ fn main() {
                     ms(&r["delay"]["p50_ms"]),
                     ms(&r["delay"]["p99_ms"])
                 ),
+                viewer_path,
                 cpu: cpu.join(", "),
                 rss: rss.join(", "),
             };
@@ -371,11 +393,34 @@ fn main() {
                 .arg(&keys.seen)
                 .arg(&keys.seq)
                 .arg(&keys.order)
+                .arg(&keys.order_courier)
+                .arg(&keys.orders_ended)
                 .query(&mut c);
+            // Recorded answers of the `delivered` events (kept for idempotency_ttl otherwise).
+            let mut cursor = 0u64;
+            loop {
+                let Ok((next, found)) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(format!("{}*", keys.order_event_idem))
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query::<(u64, Vec<String>)>(&mut c)
+                else {
+                    break;
+                };
+                if !found.is_empty() {
+                    let _: Result<(), _> = redis::cmd("DEL").arg(&found).query(&mut c);
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
         }
     }
     let mut text = format!(
-        "Whole pipeline, steps of {step} s, couriers = rate (one point a second each), {orders} watched orders, ingest workers {workers}; took {:.0} s.\n\n{}\n",
+        "Whole pipeline, steps of {step} s, couriers = rate (one point a second each), {orders} watched orders (viewer path per row: `gateway` = orders API + viewer gateway over WebSocket, `broker` = track/<order> on the broker), ingest workers {workers}; took {:.0} s.\n\n{}\n",
         started.elapsed().as_secs_f64(),
         header()
     );

@@ -175,10 +175,15 @@ struct SimArgs {
     /// Courier ids are <prefix><number>.
     #[arg(long, default_value = "c")]
     id_prefix: String,
-    /// Assign K orders (in `courier:order`) and watch each on `track/<order>`, measuring the
-    /// phone-to-viewer delay.
+    /// Assign K orders and watch each like a customer, measuring the phone-to-viewer delay:
+    /// through the orders API and the viewer gateway with --orders-api, else straight in
+    /// `courier:order` and `track/<order>` on the broker.
     #[arg(long, default_value_t = 0)]
     orders: usize,
+    /// The orders API, e.g. http://127.0.0.1:8080 (needs SERVICE_KEY): orders are assigned
+    /// and delivered there, and watched through the gateway URL of their tracking tokens.
+    #[arg(long)]
+    orders_api: Option<String>,
     /// More addresses of the same broker; courier connections are spread over MQTT_URL and
     /// these (one source address has about 28,000 ports per destination).
     #[arg(long = "also-mqtt-url")]
@@ -377,15 +382,39 @@ async fn simulate(
             courier_wire::MqttEndpoint::parse(u).with_context(|| format!("--also-mqtt-url {u:?}"))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    use simulator::watchers::{Assigner, Viewer};
+    let (assigner, viewer) = match a.orders_api {
+        Some(base_url) => {
+            let service_key = config
+                .fanout
+                .service_key
+                .clone()
+                .context("--orders-api needs the service key (SERVICE_KEY or --service-key)")?;
+            (
+                Assigner::Api {
+                    base_url,
+                    service_key,
+                },
+                Viewer::Gateway,
+            )
+        }
+        None => (
+            Assigner::Redis {
+                url: config.redis_url.clone(),
+                keys: config.keys.clone(),
+            },
+            Viewer::Broker {
+                endpoint: endpoint.clone(),
+            },
+        ),
+    };
+    assigner.check(&viewer).context("--orders-api")?;
     let sim = simulator::Simulator {
         config: cfg,
-        mqtt: endpoint.clone(),
+        mqtt: endpoint,
         also,
-        assigner: simulator::watchers::Assigner::Redis {
-            url: config.redis_url.clone(),
-            keys: config.keys.clone(),
-        },
-        viewer: simulator::watchers::Viewer::Broker { endpoint },
+        assigner,
+        viewer,
         stats: Arc::new(simulator::SimStats::default()),
         courier_login,
     };

@@ -1,5 +1,6 @@
 //! The simulator against real brokers, ingest and Redis: per-courier connections with their
-//! Last Will, watchers measuring the phone-to-viewer delay, faults reaching the pipeline.
+//! Last Will, watchers measuring the phone-to-viewer delay (on the broker, and through the
+//! orders API and the viewer gateway as customers do), faults reaching the pipeline.
 
 mod support;
 
@@ -191,4 +192,205 @@ async fn flushed_backlog_arrives_stale_and_bad_gps_is_refused_by_ingest() {
     assert!(s.invalid_for(Invalid::NullIsland) > 0);
     ingest.stop().await;
     cleanup(&keys).await;
+}
+
+/// Bindings of a run's orders left in Redis: `courier:order` and `order:courier` entries.
+async fn bindings(keys: &Keys) -> (usize, usize) {
+    let mut r = redis().await;
+    let by_courier: usize = redis::cmd("HLEN")
+        .arg(&keys.order)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let by_order: usize = redis::cmd("HLEN")
+        .arg(&keys.order_courier)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    (by_courier, by_order)
+}
+
+async fn ended_orders(keys: &Keys) -> usize {
+    let mut r = redis().await;
+    redis::cmd("ZCARD")
+        .arg(&keys.orders_ended)
+        .query_async(&mut r)
+        .await
+        .unwrap()
+}
+
+/// The customer path: orders assigned through the orders API (service key), each watched
+/// through the viewer gateway with its tracking token over WebSocket, delays measured from
+/// the points' ts; the run delivers its orders, so no binding is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchers_go_through_the_orders_api_and_the_viewer_gateway() {
+    let broker = start_broker(BrokerKind::Embedded);
+    let keys = Keys::with_prefix(&prefix());
+    let ingest = start_ingest(&broker, test_ingest_config(), keys.clone()).await;
+    let f = start_fanout(&broker, keys.clone(), test_fanout_config()).await;
+    let config = SimConfig {
+        couriers: 30,
+        profile: every(0.25),
+        connections: Some(2),
+        duration: Some(Duration::from_secs(3)),
+        id_prefix: unique_prefix(),
+        watchers: Watchers { orders: 3 },
+        ..Default::default()
+    };
+    let mut sim = sim(&broker, &keys, config);
+    sim.assigner = Assigner::Api {
+        base_url: format!("http://{}", f.http),
+        service_key: TEST_SERVICE_KEY.into(),
+    };
+    sim.viewer = Viewer::Gateway;
+    let mut lines = Vec::new();
+    let report = sim
+        .run(CancellationToken::new(), |s| lines.push(s.line()))
+        .await
+        .unwrap();
+    assert!(
+        lines.iter().all(|l| l.ends_with("(via gateway)")),
+        "{lines:?}"
+    );
+    assert_eq!(
+        (report.assigned_via.as_str(), report.watched_via.as_str()),
+        ("orders_api", "gateway")
+    );
+    assert_eq!(report.orders, 3);
+    assert!(
+        report.watcher_updates >= 3 * 6,
+        "updates {}",
+        report.watcher_updates
+    );
+    assert_eq!(report.delay.count, report.watcher_updates);
+    assert_eq!(report.watcher_bad, 0);
+    let p50 = report.delay.p50_ms.unwrap();
+    assert!((0.0..1000.0).contains(&p50), "p50 {p50}");
+    // Every update came through the gateway: it sent at least as many points to viewers.
+    assert!(
+        f.stats.points_sent.load(Relaxed) >= report.watcher_updates,
+        "gateway sent {} < updates {}",
+        f.stats.points_sent.load(Relaxed),
+        report.watcher_updates
+    );
+    // Delivered at the end: both bindings gone, the orders remembered as ended.
+    assert_eq!(report.orders_ended, 3);
+    assert_eq!(bindings(&keys).await, (0, 0));
+    assert_eq!(ended_orders(&keys).await, 3);
+    f.stop().await;
+    ingest.stop().await;
+    cleanup_all(&keys).await;
+}
+
+/// `courier-pipeline simulate --orders 3 --orders-api URL` takes the customer path; the
+/// progress line and the report say so. Without SERVICE_KEY it refuses with one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulate_with_orders_api_watches_through_the_gateway_and_delivers() {
+    let broker = start_broker(BrokerKind::Embedded);
+    let keys = Keys::with_prefix(&prefix());
+    let ingest = start_ingest(&broker, test_ingest_config(), keys.clone()).await;
+    let f = start_fanout(&broker, keys.clone(), test_fanout_config()).await;
+    let dir = std::env::temp_dir().join(format!("sim-api-{:x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let report_path = dir.join("report.json");
+    let cmd = |service_key: Option<&str>| {
+        let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_courier-pipeline"));
+        c.args(["simulate", "--couriers", "20", "--interval", "0.25"])
+            .args(["--connections", "2", "--seconds", "3", "--orders", "3"])
+            .args(["--id-prefix", &unique_prefix()])
+            .arg("--orders-api")
+            .arg(format!("http://{}", f.http))
+            .arg("--report")
+            .arg(&report_path)
+            .env(
+                "MQTT_URL",
+                format!("mqtt://127.0.0.1:{}", broker.endpoint.port),
+            )
+            .env("REDIS_URL", &services().redis_url)
+            .env("RUST_LOG", "warn")
+            .env_remove("AUTH_KEYS")
+            .env_remove("SERVICE_KEY")
+            .kill_on_drop(true);
+        if let Some(k) = service_key {
+            c.env("SERVICE_KEY", k);
+        }
+        c
+    };
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        cmd(Some(TEST_SERVICE_KEY)).output(),
+    )
+    .await
+    .expect("simulate did not finish")
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let progress: Vec<&str> = err.lines().filter(|l| l.starts_with("sim:")).collect();
+    assert!(!progress.is_empty(), "{err}");
+    assert!(
+        progress.iter().all(|l| l.ends_with("(via gateway)")),
+        "{err}"
+    );
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report_path).unwrap()).unwrap();
+    assert_eq!(r["assigned_via"], "orders_api");
+    assert_eq!(r["watched_via"], "gateway");
+    assert_eq!(r["orders_ended"], 3);
+    assert!(r["watcher_updates"].as_u64().unwrap() >= 3 * 6, "{r}");
+    assert!(r["delay"]["p99_ms"].as_f64().is_some(), "{r}");
+    assert_eq!(bindings(&keys).await, (0, 0));
+    assert_eq!(ended_orders(&keys).await, 3);
+
+    let out = cmd(None).output().await.unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.trim().lines().count() == 1 && err.contains("SERVICE_KEY"),
+        "{err}"
+    );
+    f.stop().await;
+    ingest.stop().await;
+    cleanup_all(&keys).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A refused assignment (wrong service key) ends the run with the API's answer, before any
+/// courier connects, and leaves no binding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_assignment_fails_the_run_with_the_api_answer() {
+    let broker = start_broker(BrokerKind::Embedded);
+    let keys = Keys::with_prefix(&prefix());
+    let f = start_fanout(&broker, keys.clone(), test_fanout_config()).await;
+    let config = SimConfig {
+        couriers: 4,
+        profile: every(0.25),
+        connections: Some(1),
+        duration: Some(Duration::from_secs(2)),
+        id_prefix: unique_prefix(),
+        watchers: Watchers { orders: 2 },
+        ..Default::default()
+    };
+    let mut sim = sim(&broker, &keys, config);
+    sim.assigner = Assigner::Api {
+        base_url: format!("http://{}", f.http),
+        service_key: "not-the-service-key-0000".into(),
+    };
+    sim.viewer = Viewer::Gateway;
+    let stats = sim.stats.clone();
+    let e = sim.run(CancellationToken::new(), |_| {}).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            simulator::SimError::Api {
+                status: Some(401),
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(!e.is_retryable());
+    assert_eq!(stats.sent.load(Relaxed), 0);
+    assert_eq!(bindings(&keys).await, (0, 0));
+    f.stop().await;
+    cleanup_all(&keys).await;
 }

@@ -4,12 +4,15 @@
 //!
 //! ```text
 //! simulator --couriers/<id>/loc, couriers/<id>/status--> broker --> pipeline
-//!           <--track/<order>-- broker (watchers)      --courier:order--> Redis (order assignment)
+//!   customer path:  --POST /orders/{order}/assign, /tracking-token, /events--> orders API
+//!                   <--track/<order> over WebSocket (token)-- viewer gateway (watchers)
+//!   fallback:       --courier:order--> Redis;  <--track/<order>-- broker (watchers)
 //! ```
 //!
 //! The pure part: `motion` (movement, payloads), `phone` (profiles, faults, offline buffer),
 //! `faults` (who fails when), `histogram`, `report`. The edges: `links` (MQTT connections, one
-//! per courier by default, each with its Last Will), `watchers` (orders and viewers).
+//! per courier by default, each with its Last Will), `watchers` (orders and viewers), `orders`
+//! (the orders API client).
 
 pub mod config;
 pub mod faults;
@@ -17,6 +20,7 @@ pub mod histogram;
 pub mod limits;
 pub mod links;
 pub mod motion;
+pub mod orders;
 pub mod phone;
 pub mod report;
 pub mod watchers;
@@ -48,6 +52,12 @@ pub enum SimError {
     /// Assigning orders in Redis failed.
     #[error("simulator: redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// An orders API call failed: no answer (`status` None) or an answer other than 200.
+    #[error("simulator: orders API: {message}")]
+    Api {
+        status: Option<u16>,
+        message: String,
+    },
 }
 
 impl SimError {
@@ -56,6 +66,7 @@ impl SimError {
         match self {
             SimError::Config(_) => false,
             SimError::Redis(e) => e.is_io_error() || e.is_connection_dropped() || e.is_timeout(),
+            SimError::Api { status, .. } => matches!(status, None | Some(503)),
         }
     }
 }
@@ -94,6 +105,8 @@ impl Simulator {
     ) -> Result<Report, SimError> {
         let cfg = Arc::new(self.config);
         cfg.validate().map_err(SimError::Config)?;
+        self.assigner.check(&self.viewer)?;
+        let watched_via = (cfg.watchers.orders > 0).then(|| self.viewer.label());
         if cfg.per_courier() {
             let want = cfg.couriers as u64 + cfg.watchers.orders as u64 + 1024;
             let got = limits::raise_nofile(want);
@@ -154,13 +167,18 @@ impl Simulator {
         let watch_stop = CancellationToken::new();
         let watch_tasks = TaskTracker::new();
         if !pairs.is_empty() {
-            self.assigner.assign(&pairs).await?;
+            if let Err(e) = self.assigner.assign(&pairs).await {
+                // Leave nothing half-assigned behind.
+                let _ = self.assigner.finish(&pairs).await;
+                return Err(e);
+            }
             let mut ready = Vec::new();
             for (n, (_, order)) in pairs.iter().enumerate() {
                 let r = CancellationToken::new();
                 ready.push(r.clone());
                 watch_tasks.spawn(watchers::watch(
                     self.viewer.clone(),
+                    self.assigner.clone(),
                     n,
                     order.clone(),
                     stats.clone(),
@@ -249,6 +267,7 @@ impl Simulator {
                         connections_up: stats.connections_up.load(Relaxed),
                         delay_p50_ms: h.quantile(0.5).map(|v| v as f64 / 1000.0),
                         delay_p99_ms: h.quantile(0.99).map(|v| v as f64 / 1000.0),
+                        watched_via,
                     };
                     (last_sent, last_upd) = (sent, upd);
                     on_second(&s);
@@ -271,9 +290,13 @@ impl Simulator {
         .await;
         watch_stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(2), watch_tasks.wait()).await;
-        if let Err(e) = self.assigner.finish(&pairs).await {
-            tracing::warn!(error = %e, "could not remove this run's orders");
-        }
+        let orders_ended = match self.assigner.finish(&pairs).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not end this run's orders");
+                0
+            }
+        };
 
         let sent = stats.sent.load(Relaxed);
         let (cpu_seconds, max_rss_kib) = report::own_usage();
@@ -285,6 +308,9 @@ impl Simulator {
                 .connections
                 .map_or("per_courier".to_string(), |k| k.to_string()),
             orders: pairs.len(),
+            assigned_via: self.assigner.label().to_string(),
+            watched_via: self.viewer.label().to_string(),
+            orders_ended,
             expected_rate: expected,
             seconds,
             sent,
@@ -297,6 +323,8 @@ impl Simulator {
             faults: stats.counts(),
             watcher_updates: stats.watcher_updates.load(Relaxed),
             watcher_bad: stats.watcher_bad.load(Relaxed),
+            watcher_initial: stats.watcher_initial.load(Relaxed),
+            watcher_errors: stats.watcher_errors.load(Relaxed),
             delay: report::Delay::of(&stats.delay_total()),
             cpu_seconds,
             max_rss_kib,

@@ -27,6 +27,11 @@ pub struct SimStats {
     pub watcher_updates: AtomicU64,
     /// Watcher messages that were not a `track/` payload.
     pub watcher_bad: AtomicU64,
+    /// The gateway's last known position sent right after SUBSCRIBE (older than the
+    /// subscription): not a live point, so not a delay.
+    pub watcher_initial: AtomicU64,
+    /// Watcher connections that failed, subscriptions refused, tracking tokens not obtained.
+    pub watcher_errors: AtomicU64,
     counts: Mutex<Counts>,
     /// Phone-to-viewer delay (receive time minus the point's ts), microseconds: the whole run
     /// and the current second.
@@ -118,14 +123,20 @@ pub struct Second {
     pub connections_up: u64,
     pub delay_p50_ms: Option<f64>,
     pub delay_p99_ms: Option<f64>,
+    /// How the watchers watch (`gateway`, `broker`), `None` without orders; in the report once.
+    #[serde(skip)]
+    pub watched_via: Option<&'static str>,
 }
 
 impl Second {
     /// The progress line printed each second.
     pub fn line(&self) -> String {
         let d = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+        let via = self
+            .watched_via
+            .map_or(String::new(), |v| format!(" (via {v})"));
         format!(
-            "sim: {:>4}s sent {:>7}/s | conns {:>6} | watchers {:>5} upd/s, delay p50 {} ms p99 {} ms",
+            "sim: {:>4}s sent {:>7}/s | conns {:>6} | watchers {:>5} upd/s, delay p50 {} ms p99 {} ms{via}",
             self.t,
             self.sent,
             self.connections_up,
@@ -147,6 +158,11 @@ pub struct Report {
     /// `per_courier` or the number of shared connections.
     pub connections: String,
     pub orders: usize,
+    /// How the orders were assigned (`orders_api`, `redis`) and watched (`gateway`, `broker`).
+    pub assigned_via: String,
+    pub watched_via: String,
+    /// Orders ended at the end of the run (delivered through the API, or removed from Redis).
+    pub orders_ended: usize,
     pub expected_rate: f64,
     pub seconds: f64,
     pub sent: u64,
@@ -159,6 +175,8 @@ pub struct Report {
     pub faults: Counts,
     pub watcher_updates: u64,
     pub watcher_bad: u64,
+    pub watcher_initial: u64,
+    pub watcher_errors: u64,
     pub delay: Delay,
     /// CPU time (user + system) and peak RSS of this simulator process.
     pub cpu_seconds: f64,
@@ -198,6 +216,9 @@ mod tests {
             interval: "4s".into(),
             connections: "16".into(),
             orders: 0,
+            assigned_via: "redis".into(),
+            watched_via: "broker".into(),
+            orders_ended: 0,
             expected_rate: 500.0,
             seconds: 31.0,
             sent: 15003,
@@ -210,6 +231,8 @@ mod tests {
             faults: Counts::default(),
             watcher_updates: 0,
             watcher_bad: 0,
+            watcher_initial: 0,
+            watcher_errors: 0,
             delay: Delay::of(&Histogram::default()),
             cpu_seconds: 1.0,
             max_rss_kib: 1,
@@ -223,6 +246,31 @@ mod tests {
             report().line(),
             "sim: 2000 couriers every 4s -> expected 500 msg/s; sent 15003 in 31.0s = 484 msg/s"
         );
+    }
+
+    #[test]
+    fn progress_line_names_the_watch_path() {
+        let mut s = Second {
+            t: 3,
+            sent: 10,
+            watcher_updates: 2,
+            connections_up: 1,
+            delay_p50_ms: Some(1.25),
+            delay_p99_ms: None,
+            watched_via: Some("gateway"),
+        };
+        assert!(
+            s.line()
+                .ends_with("delay p50 1.2 ms p99 - ms (via gateway)"),
+            "{}",
+            s.line()
+        );
+        s.watched_via = None;
+        assert!(s.line().ends_with("p99 - ms"));
+        assert!(serde_json::to_value(&s)
+            .unwrap()
+            .get("watched_via")
+            .is_none());
     }
 
     #[test]
@@ -246,6 +294,9 @@ mod tests {
             "per_second",
             "cpu_seconds",
             "max_rss_kib",
+            "assigned_via",
+            "watched_via",
+            "orders_ended",
         ] {
             assert!(v.get(k).is_some(), "{k}");
         }
