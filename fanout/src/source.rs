@@ -9,10 +9,10 @@
 
 use crate::events::{Metrics, Stats, Tally};
 use crate::hub::Hub;
-use courier_wire::metrics as m;
+use courier_wire::mqtt::{Polled, Subscriber};
 use courier_wire::{Keys, MqttEndpoint};
 use futures_util::StreamExt;
-use rumqttc::{AsyncClient, Event, Packet, QoS};
+use rumqttc::AsyncClient;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,8 +33,7 @@ pub(crate) async fn tracks(
         courier_wire::mqtt::options(&endpoint, &courier_wire::mqtt::client_id("fanout", 0), 10);
     let (client, mut eventloop) = AsyncClient::new(opts, 10);
     courier_wire::mqtt::no_delay(&mut eventloop);
-    let connected = metrics::counter!(m::MQTT_CONNECTION_EVENTS, "state" => "connected");
-    let disconnected = metrics::counter!(m::MQTT_CONNECTION_EVENTS, "state" => "disconnected");
+    let sub = Subscriber::new("fanout", client, vec![TRACK_FILTER.to_string()]);
     let mut tally = Tally::default();
     let mut flush = tokio::time::interval(Duration::from_millis(200));
     loop {
@@ -45,8 +44,8 @@ pub(crate) async fn tracks(
                 metrics.source(&stats, &tally);
                 tally = Tally::default();
             }
-            ev = eventloop.poll() => match ev {
-                Ok(Event::Incoming(Packet::Publish(p))) => {
+            ev = eventloop.poll() => match sub.handle(ev, &stats.mqtt_up) {
+                Polled::Publish(p) => {
                     if let Some(order) = p.topic.strip_prefix("track/") {
                         if courier_wire::topic::valid_id(order) {
                             hub.dispatch(order, p.payload, Instant::now(), &mut tally);
@@ -57,44 +56,20 @@ pub(crate) async fn tracks(
                         tally = Tally::default();
                     }
                 }
-                Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                    connected.increment(1);
-                    tracing::info!(filter = TRACK_FILTER, "fanout source connected; subscribing");
-                    if let Err(e) = client.try_subscribe(TRACK_FILTER, QoS::AtMostOnce) {
-                        tracing::error!(error = %e, "subscribe request refused");
-                    }
+                Polled::Subscribed => {
+                    stats.source_subscribed.fetch_add(1, Relaxed);
                 }
-                Ok(Event::Incoming(Packet::SubAck(ack))) => {
-                    if ack.return_codes.iter().any(|c| matches!(c, rumqttc::SubscribeReasonCode::Failure)) {
-                        tracing::error!("broker refused the track/+ subscription");
-                    } else {
-                        stats.source_subscribed.fetch_add(1, Relaxed);
-                        stats.mqtt_up.set(true);
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    stats.mqtt_up.set(false);
-                    disconnected.increment(1);
-                    tracing::warn!(error = %e, "fanout source: mqtt connection failed; retrying in 1s");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        _ = stop.cancelled() => break,
-                    }
-                }
+                Polled::Failed => tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.cancelled() => break,
+                },
+                Polled::Other => {}
             }
         }
     }
     metrics.source(&stats, &tally);
-    let _ = client.try_disconnect();
-    let _ = tokio::time::timeout(Duration::from_millis(300), async {
-        while let Ok(ev) = eventloop.poll().await {
-            if matches!(ev, Event::Outgoing(rumqttc::Outgoing::Disconnect)) {
-                break;
-            }
-        }
-    })
-    .await;
+    sub.disconnect(&mut eventloop, Duration::from_millis(300))
+        .await;
 }
 
 /// Listens for ended orders until `stop`; reconnects after a failure.

@@ -7,9 +7,9 @@ use crate::events::{DropReason, Metrics, Stats};
 use crate::rows::{self, Orders, Refused};
 use crate::Shared;
 use courier_wire::clock::unix_now;
-use courier_wire::metrics as m;
+use courier_wire::mqtt::{Polled, Subscriber};
 use courier_wire::{topic, MqttEndpoint};
-use rumqttc::{AsyncClient, Event, Packet, QoS};
+use rumqttc::AsyncClient;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,10 +56,7 @@ pub(crate) async fn receive(
     let options = courier_wire::mqtt::options(&endpoint, &client_id, 16);
     let (client, mut eventloop) = AsyncClient::new(options, 16);
     courier_wire::mqtt::no_delay(&mut eventloop);
-    let filter = topic::shared_loc_filter(&group);
-    let connected = metrics::counter!(m::MQTT_CONNECTION_EVENTS, "state" => "connected");
-    let disconnected = metrics::counter!(m::MQTT_CONNECTION_EVENTS, "state" => "disconnected");
-
+    let mut sub = Subscriber::new("history", client, vec![topic::shared_loc_filter(&group)]);
     let mut orders: Arc<Orders> = shared.orders_snapshot();
     let mut orders_version = shared.orders_version.load(Relaxed);
     let (mut received, mut dropped) = (0u64, 0u64);
@@ -76,8 +73,8 @@ pub(crate) async fn receive(
                 drop_log.add(dropped, shared.capacity());
                 (received, dropped) = (0, 0);
             }
-            ev = eventloop.poll() => match ev {
-                Ok(Event::Incoming(Packet::Publish(p))) => {
+            ev = eventloop.poll() => match sub.handle(ev, &stats.mqtt_up) {
+                Polled::Publish(p) => {
                     received += 1;
                     let now = unix_now();
                     let v = shared.orders_version.load(Relaxed);
@@ -96,44 +93,20 @@ pub(crate) async fn receive(
                         (received, dropped) = (0, 0);
                     }
                 }
-                Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                    connected.increment(1);
-                    tracing::info!(filter = %filter, "history mqtt connected; subscribing");
-                    if let Err(e) = client.try_subscribe(filter.clone(), QoS::AtMostOnce) {
-                        tracing::error!(error = %e, "subscribe request refused");
-                    }
+                Polled::Subscribed => {
+                    stats.subscriptions_acked.fetch_add(1, Relaxed);
                 }
-                Ok(Event::Incoming(Packet::SubAck(ack))) => {
-                    if ack.return_codes.iter().any(|c| matches!(c, rumqttc::SubscribeReasonCode::Failure)) {
-                        tracing::error!("broker refused the history subscription");
-                    } else {
-                        stats.subscriptions_acked.fetch_add(1, Relaxed);
-                        stats.mqtt_up.set(true);
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    stats.mqtt_up.set(false);
-                    disconnected.increment(1);
-                    tracing::warn!(error = %e, "history mqtt connection failed; retrying in 1s");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        _ = stop.cancelled() => break,
-                    }
-                }
+                Polled::Failed => tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.cancelled() => break,
+                },
+                Polled::Other => {}
             }
         }
     }
     metrics.received(&stats, received, &mut invalid);
     metrics.dropped(&stats, DropReason::BufferFull, dropped);
-    let _ = client.try_unsubscribe(filter);
-    let _ = client.try_disconnect();
-    let _ = tokio::time::timeout(Duration::from_millis(500), async {
-        while let Ok(ev) = eventloop.poll().await {
-            if matches!(ev, Event::Outgoing(rumqttc::Outgoing::Disconnect)) {
-                break;
-            }
-        }
-    })
-    .await;
+    sub.stop();
+    sub.disconnect(&mut eventloop, Duration::from_millis(500))
+        .await;
 }

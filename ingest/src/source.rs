@@ -5,8 +5,8 @@
 use crate::batch::Message;
 use crate::events::{Metrics, Stats};
 use courier_wire::clock::unix_now;
-use courier_wire::metrics as m;
-use rumqttc::{AsyncClient, Event, EventLoop, Packet, QoS};
+use courier_wire::mqtt::{Polled, Subscriber};
+use rumqttc::{AsyncClient, EventLoop};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -25,28 +25,25 @@ pub(crate) async fn receive(
     stop: CancellationToken,
     done: CancellationToken,
 ) {
+    let mut sub = Subscriber::new("ingest", client, filters);
     let mut tx = Some(tx);
     let mut received = 0u64;
     let mut dropped = 0u64;
     let mut flush = tokio::time::interval(Duration::from_millis(200));
-    let connected = metrics::counter!(m::MQTT_CONNECTION_EVENTS, "state" => "connected");
-    let disconnected = metrics::counter!(m::MQTT_CONNECTION_EVENTS, "state" => "disconnected");
     loop {
         tokio::select! {
             biased;
             _ = done.cancelled() => break,
             _ = stop.cancelled(), if tx.is_some() => {
                 tx = None;
-                for f in &filters {
-                    let _ = client.try_unsubscribe(f.clone());
-                }
+                sub.stop();
             }
             _ = flush.tick() => {
                 metrics.received(&stats, received, dropped);
                 (received, dropped) = (0, 0);
             }
-            ev = eventloop.poll() => match ev {
-                Ok(Event::Incoming(Packet::Publish(p))) => {
+            ev = eventloop.poll() => match sub.handle(ev, &stats.mqtt_up) {
+                Polled::Publish(p) => {
                     received += 1;
                     let Some(q) = &tx else { dropped += 1; continue };
                     let msg = Message { topic: p.topic, payload: p.payload, received: unix_now() };
@@ -58,47 +55,19 @@ pub(crate) async fn receive(
                         (received, dropped) = (0, 0);
                     }
                 }
-                Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                    connected.increment(1);
-                    tracing::info!(filters = ?filters, "mqtt connected; subscribing");
-                    if tx.is_some() {
-                        for f in &filters {
-                            if let Err(e) = client.try_subscribe(f.clone(), QoS::AtMostOnce) {
-                                tracing::error!(error = %e, "subscribe request refused");
-                            }
-                        }
-                    }
+                Polled::Subscribed => {
+                    stats.subscriptions_acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
-                Ok(Event::Incoming(Packet::SubAck(ack))) => {
-                    if ack.return_codes.iter().any(|c| matches!(c, rumqttc::SubscribeReasonCode::Failure)) {
-                        tracing::error!("broker refused a subscription");
-                    } else {
-                        stats.subscriptions_acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        stats.mqtt_up.set(true);
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    stats.mqtt_up.set(false);
-                    disconnected.increment(1);
-                    tracing::warn!(error = %e, "mqtt connection failed; retrying in 1s");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        _ = done.cancelled() => break,
-                    }
-                }
+                Polled::Failed => tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = done.cancelled() => break,
+                },
+                Polled::Other => {}
             }
         }
     }
     metrics.received(&stats, received, dropped);
-    let _ = client.try_disconnect();
     // Send what is queued (last tracks, the DISCONNECT) for a moment at most.
-    let _ = tokio::time::timeout(Duration::from_millis(500), async {
-        while let Ok(ev) = eventloop.poll().await {
-            if matches!(ev, Event::Outgoing(rumqttc::Outgoing::Disconnect)) {
-                break;
-            }
-        }
-    })
-    .await;
+    sub.disconnect(&mut eventloop, Duration::from_millis(500))
+        .await;
 }

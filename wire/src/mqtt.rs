@@ -67,3 +67,113 @@ fn rand_u32() -> u32 {
     );
     h.finish() as u32
 }
+
+/// What a subscriber's event loop should do with one polled event.
+#[derive(Debug)]
+pub enum Polled {
+    /// A message for the role.
+    Publish(rumqttc::Publish),
+    /// The broker granted a subscription (readiness, tests).
+    Subscribed,
+    /// The connection failed: wait a moment before polling again (rumqttc reconnects on the
+    /// next poll).
+    Failed,
+    /// Nothing for the role.
+    Other,
+}
+
+/// The control side every subscribing role shares: subscribe on each CONNACK (sessions are
+/// clean, so after every reconnect), check SUBACKs, count connection changes and keep the
+/// role's readiness flag. The role keeps only what it does with a publish.
+pub struct Subscriber {
+    role: &'static str,
+    client: rumqttc::AsyncClient,
+    filters: Vec<String>,
+    stopping: bool,
+    connected: metrics::Counter,
+    disconnected: metrics::Counter,
+}
+
+impl Subscriber {
+    pub fn new(role: &'static str, client: rumqttc::AsyncClient, filters: Vec<String>) -> Self {
+        use crate::metrics as m;
+        Subscriber {
+            role,
+            client,
+            filters,
+            stopping: false,
+            connected: metrics::counter!(m::MQTT_CONNECTION_EVENTS, "state" => "connected"),
+            disconnected: metrics::counter!(m::MQTT_CONNECTION_EVENTS, "state" => "disconnected"),
+        }
+    }
+
+    pub fn client(&self) -> &rumqttc::AsyncClient {
+        &self.client
+    }
+
+    /// Handles one result of `EventLoop::poll`; `up` is the role's MQTT readiness flag.
+    pub fn handle(
+        &self,
+        polled: Result<rumqttc::Event, rumqttc::ConnectionError>,
+        up: &crate::health::Up,
+    ) -> Polled {
+        use rumqttc::{Event, Packet, QoS, SubscribeReasonCode};
+        match polled {
+            Ok(Event::Incoming(Packet::Publish(p))) => Polled::Publish(p),
+            Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                self.connected.increment(1);
+                if !self.stopping {
+                    tracing::info!(role = self.role, filters = ?self.filters, "mqtt connected; subscribing");
+                    for f in &self.filters {
+                        if let Err(e) = self.client.try_subscribe(f.clone(), QoS::AtMostOnce) {
+                            tracing::error!(role = self.role, error = %e, "subscribe request refused");
+                        }
+                    }
+                }
+                Polled::Other
+            }
+            Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                if ack
+                    .return_codes
+                    .iter()
+                    .any(|c| matches!(c, SubscribeReasonCode::Failure))
+                {
+                    tracing::error!(role = self.role, "broker refused a subscription");
+                    Polled::Other
+                } else {
+                    up.set(true);
+                    Polled::Subscribed
+                }
+            }
+            Ok(_) => Polled::Other,
+            Err(e) => {
+                up.set(false);
+                self.disconnected.increment(1);
+                tracing::warn!(role = self.role, error = %e, "mqtt connection failed; retrying in 1s");
+                Polled::Failed
+            }
+        }
+    }
+
+    /// Stops intake: unsubscribes, and does not subscribe again after a reconnect.
+    pub fn stop(&mut self) {
+        self.stopping = true;
+        for f in &self.filters {
+            let _ = self.client.try_unsubscribe(f.clone());
+        }
+    }
+
+    /// Sends DISCONNECT (and whatever is still queued, such as the last tracks) for at most
+    /// `within`.
+    pub async fn disconnect(self, eventloop: &mut rumqttc::EventLoop, within: Duration) {
+        let _ = self.client.try_disconnect();
+        let _ = tokio::time::timeout(within, async {
+            while let Ok(ev) = eventloop.poll().await {
+                if matches!(ev, rumqttc::Event::Outgoing(rumqttc::Outgoing::Disconnect)) {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+}
