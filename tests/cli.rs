@@ -64,13 +64,7 @@ fn scrape_path(addr: std::net::SocketAddr, path: &str) -> String {
 }
 
 fn scrape(addr: std::net::SocketAddr) -> String {
-    let Ok(mut s) = TcpStream::connect(addr) else {
-        return String::new();
-    };
-    let _ = write!(s, "GET /metrics HTTP/1.0\r\n\r\n");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
+    scrape_path(addr, "/metrics")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -187,6 +187,20 @@ pub fn test_ingest_config() -> IngestConfig {
     }
 }
 
+/// Cancels a role started by a test and waits (10 s at most) for it to return without error.
+pub async fn stop_role<E: std::fmt::Debug>(
+    what: &str,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), E>>,
+) {
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not stop within 10s"))
+        .unwrap()
+        .unwrap();
+}
+
 pub struct RunningIngest {
     pub stats: Arc<Stats>,
     pub keys: Keys,
@@ -197,12 +211,7 @@ pub struct RunningIngest {
 impl RunningIngest {
     /// Stops intake, drains, and waits for the role to return.
     pub async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(10), self.task)
-            .await
-            .expect("ingest did not stop within 10s")
-            .unwrap()
-            .unwrap();
+        stop_role("ingest", self.shutdown, self.task).await;
     }
 }
 
@@ -674,12 +683,7 @@ pub struct RunningFanout {
 
 impl RunningFanout {
     pub async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(10), self.task)
-            .await
-            .expect("fanout did not stop within 10s")
-            .unwrap()
-            .unwrap();
+        stop_role("fanout", self.shutdown, self.task).await;
     }
 }
 
