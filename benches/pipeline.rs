@@ -51,9 +51,13 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return; // finished on its own (the simulator does)
+        }
         let _ = Command::new("kill")
             .arg("-TERM")
             .arg(self.pid().to_string())
+            .stderr(Stdio::null())
             .status();
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
@@ -251,7 +255,7 @@ fn main() {
                 let conf = dir.join("mosquitto.conf");
                 std::fs::write(
                     &conf,
-                    format!("listener {} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\nlog_type error\nmax_queued_messages 100000\n", mqtt.port()),
+                    format!("listener {} 127.0.0.1\nallow_anonymous true\npersistence false\nset_tcp_nodelay true\nlog_dest stderr\nlog_type error\nmax_queued_messages 100000\n", mqtt.port()),
                 )
                 .unwrap();
                 let mut m = Command::new(mosquitto_bin());

@@ -1,6 +1,8 @@
 //! The embedded MQTT broker (rumqttd) of `courier-pipeline run` and `courier-pipeline broker`.
 //! It runs on its own threads; its alerts are turned into counters, since rumqttd reports the
-//! loss of QoS 0 messages to slow subscribers only as `CursorJump` alerts.
+//! loss of QoS 0 messages to slow subscribers only as `CursorJump` alerts. rumqttd does not set
+//! TCP_NODELAY on the sockets it accepts; [`start`] sets it on rumqttd's listeners, which Linux
+//! copies to every accepted socket (see [`no_delay_on_listeners`]).
 
 use courier_wire::metrics as m;
 use std::net::{SocketAddr, TcpListener};
@@ -184,7 +186,7 @@ pub fn start(config: rumqttd::Config, listen: SocketAddr) -> Result<(), BrokerEr
     // Ready once the address is taken. Probing by binding (not connecting) keeps rumqttd from
     // logging an aborted connection at every start.
     let deadline = Instant::now() + Duration::from_secs(5);
-    for addr in addrs {
+    for &addr in &addrs {
         while TcpListener::bind(addr).is_ok() {
             if Instant::now() > deadline {
                 return Err(BrokerError::Listen {
@@ -195,7 +197,65 @@ pub fn start(config: rumqttd::Config, listen: SocketAddr) -> Result<(), BrokerEr
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+    let ports: Vec<u16> = addrs.iter().map(|a| a.port()).collect();
+    match no_delay_on_listeners(&ports) {
+        Ok(n) if n >= ports.len() => tracing::debug!(sockets = n, "TCP_NODELAY set on broker listeners"),
+        Ok(n) => tracing::warn!(
+            found = n,
+            listeners = ports.len(),
+            "TCP_NODELAY not set on every broker listener: forwarded messages may wait for Nagle (tens of ms)"
+        ),
+        Err(e) => tracing::warn!(
+            error = %e,
+            "cannot set TCP_NODELAY on broker listeners: forwarded messages may wait for Nagle (tens of ms)"
+        ),
+    }
     Ok(())
+}
+
+/// Sets TCP_NODELAY on this process's TCP sockets bound to one of `ports` (the broker's listeners
+/// and anything they accepted already), returning how many it set.
+///
+/// Why: rumqttd writes each forwarded QoS 0 message as its own small segment on sockets without
+/// TCP_NODELAY, so a message queued behind an unacknowledged one waits for the subscriber's
+/// delayed ACK: 10-40 ms per hop from phone to ingest to viewer. rumqttd offers no option and
+/// binds its listener itself, but Linux gives an accepted socket the listener's TCP_NODELAY, and
+/// the listener is one of this process's file descriptors: find it by its local port.
+pub fn no_delay_on_listeners(ports: &[u16]) -> std::io::Result<usize> {
+    use std::os::fd::BorrowedFd;
+    let mut set = 0;
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        let Ok(entry) = entry else { continue };
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let is_socket = std::fs::read_link(entry.path())
+            .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"));
+        if !is_socket {
+            continue;
+        }
+        // SAFETY: the descriptor is only borrowed for the calls below and never closed here. If
+        // another thread closes it meanwhile and the number is reused, the calls fail or touch a
+        // socket that the port check below rejects unless it is one of the broker's own.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let sock = socket2::SockRef::from(&fd);
+        if sock.r#type().ok() != Some(socket2::Type::STREAM) {
+            continue;
+        }
+        let port = sock
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .map(|a| a.port());
+        if port.is_some_and(|p| ports.contains(&p)) && sock.set_tcp_nodelay(true).is_ok() {
+            set += 1;
+        }
+    }
+    Ok(set)
 }
 
 #[cfg(test)]
@@ -208,5 +268,51 @@ mod tests {
         let c = load_config(None, addr).unwrap();
         let v4 = c.v4.unwrap();
         assert_eq!(v4.values().next().unwrap().listen, addr);
+    }
+
+    /// The server side of `client`'s connection, found among this process's descriptors.
+    fn accepted_nodelay(client: &std::net::TcpStream) -> Option<bool> {
+        use std::os::fd::BorrowedFd;
+        let peer = client.local_addr().unwrap();
+        for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+            let Some(fd) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            // SAFETY: borrowed for two getsockopt calls; the test opens and closes nothing meanwhile.
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            let sock = socket2::SockRef::from(&fd);
+            if sock.peer_addr().ok().and_then(|a| a.as_socket()) == Some(peer) {
+                return sock.tcp_nodelay().ok();
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn sockets_the_broker_accepts_have_tcp_nodelay() {
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        start(load_config(None, addr).unwrap(), addr).unwrap();
+        let client = std::net::TcpStream::connect(addr).unwrap();
+        // Our side is a plain socket: the check below can tell the two apart.
+        assert!(!client.nodelay().unwrap());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let server_side = loop {
+            if let Some(flag) = accepted_nodelay(&client) {
+                break flag;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "broker never accepted the connection"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(server_side, "rumqttd's accepted socket lacks TCP_NODELAY");
     }
 }

@@ -29,16 +29,29 @@ impl LogFormat {
 /// per-disconnect routing noise). No log line carries coordinates: the code logs ids, counts
 /// and reasons only.
 pub fn init_logs(format: LogFormat) {
+    use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,rumqttd=warn,rumqttd::router::routing=off")
     });
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Text => fmt.boxed(),
+        LogFormat::Json => fmt.json().flatten_event(true).boxed(),
     };
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::filter::filter_fn(|meta| {
+            !is_broker_span(meta)
+        }))
+        .with(fmt)
+        .try_init();
+}
+
+/// rumqttd opens an error-level span for every message it receives, formatting the topic into
+/// it, so any RUST_LOG that lets its errors through (`warn`) paid for a span per message: about
+/// 4% of `run`'s CPU at 60,000 msg/s, for spans that only decorate its rare error lines.
+fn is_broker_span(meta: &tracing::Metadata<'_>) -> bool {
+    meta.is_span() && meta.target().starts_with("rumqttd")
 }
 
 /// Installs the process-wide metrics recorder (once) and returns its handle.
