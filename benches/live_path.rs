@@ -111,6 +111,21 @@ fn wait_ready(metrics_port: u16) {
     }
 }
 
+/// Redis's own CPU seconds (user + system, from INFO), for its cost per point: nothing else
+/// writes to it while this bench runs.
+fn redis_cpu_secs(url: &str) -> f64 {
+    let out = Command::new("redis-cli")
+        .args(["-u", url, "INFO", "cpu"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    out.lines()
+        .filter_map(|l| l.trim().split_once(':'))
+        .filter(|(k, _)| *k == "used_cpu_user" || *k == "used_cpu_sys")
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .sum()
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this binary without it,
     // and a benchmark has no business inside the test suite.
@@ -165,7 +180,7 @@ fn main() {
 
     println!("live path: embedded rumqttd (own process) -> 1 ingest worker (own process) -> Redis; simulator as load; {seconds} s per rate");
     println!(
-        "{:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>7} {:>8} {:>8} {:>10} {:>9} {:>9}",
+        "{:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>7} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9}",
         "rate/s",
         "sent",
         "received",
@@ -176,6 +191,7 @@ fn main() {
         "q.drops",
         "b.alerts",
         "cpu_us/pt",
+        "redis_us/pt",
         "rss_MiB",
         "peak_MiB"
     );
@@ -189,6 +205,7 @@ fn main() {
         let stale0 = metric(&before, "ingest_points_total", "result=\"stale\"");
         let qdrop0 = metric(&before, "ingest_queue_dropped_total", "");
         let cpu0 = cpu_secs(ipid);
+        let redis0 = redis_cpu_secs(&redis_url);
         let sim = Command::new(BIN)
             .args([
                 "simulate",
@@ -228,6 +245,7 @@ fn main() {
             last = now;
         }
         let cpu = cpu_secs(ipid) - cpu0;
+        let redis_cpu = redis_cpu_secs(&redis_url) - redis0;
         let received = metric(&text, "ingest_messages_received_total", "") - rx0;
         let accepted = metric(&text, "ingest_points_total", "result=\"accepted\"") - acc0;
         let alerts = metric(&metrics(broker_metrics), "broker_cursor_jumps_total", "") - b_before;
@@ -238,7 +256,7 @@ fn main() {
         let lost = (sent - accepted).max(0.0);
         let qdrops = metric(&text, "ingest_queue_dropped_total", "") - qdrop0;
         println!(
-            "{:>9} {:>9.0} {:>9.0} {:>9.0} {:>6.0} {:>9.0} {:>6.2}% {:>8.0} {:>8.0} {:>10.2} {:>9.1} {:>9.1}",
+            "{:>9} {:>9.0} {:>9.0} {:>9.0} {:>6.0} {:>9.0} {:>6.2}% {:>8.0} {:>8.0} {:>10.2} {:>10.2} {:>9.1} {:>9.1}",
             rate,
             sent,
             received,
@@ -249,6 +267,7 @@ fn main() {
             qdrops,
             alerts,
             cpu * 1e6 / received.max(1.0),
+            redis_cpu * 1e6 / received.max(1.0),
             status_kib(ipid, "VmRSS:") as f64 / 1024.0,
             status_kib(ipid, "VmHWM:") as f64 / 1024.0,
         );

@@ -32,6 +32,7 @@ on_both_brokers!(
     silent_couriers_are_evicted_and_last_will_removes_at_once,
     tracks_go_only_to_the_order_of_the_courier,
     duplicate_deliveries_change_nothing,
+    without_groups_one_worker_takes_every_point_and_status,
 );
 
 const NOW_SLACK: f64 = 5.0;
@@ -97,6 +98,61 @@ async fn shuffled_points_over_two_workers_end_at_the_highest_seq(kind: BrokerKin
     // Both workers took part (round robin hands them out in turn).
     assert!(st.batches.load(Relaxed) >= 2);
     assert_eq!(st.invalid.load(Relaxed), 0);
+    ing.stop().await;
+    cleanup(&keys).await;
+}
+
+/// `ingest.group = ""` (a single node): plain subscriptions, and nothing is lost or shared out.
+async fn without_groups_one_worker_takes_every_point_and_status(kind: BrokerKind) {
+    let broker = start_broker(kind);
+    let keys = Keys::with_prefix(&prefix());
+    let mut cfg = test_ingest_config();
+    cfg.group = String::new();
+    cfg.status_group = String::new();
+    let ing = start_ingest(&broker, cfg, keys.clone()).await;
+    let (pubc, _h) = client(&broker.endpoint, None).await;
+    let (couriers, seqs) = (30usize, 20u64);
+    let t0 = now() - 50.0;
+    for s in 1..=seqs {
+        for c in 0..couriers {
+            let (lat, lon) = coord(c, s);
+            let id = format!("p{c}");
+            publish(
+                &pubc,
+                &loc_topic(&id),
+                point(&id, lat, lon, t0 + s as f64, s),
+            )
+            .await;
+        }
+        // A round at a time, as phones send: one connection bursting all 600 at once overran a
+        // loaded Mosquitto's queue for its one subscriber in one run (a broker drop, not ours).
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let total = couriers as u64 * seqs;
+    let st = ing.stats.clone();
+    assert!(
+        wait_until(Duration::from_secs(15), || st.accepted.load(Relaxed)
+            >= total)
+        .await,
+        "only {} of {total} points accepted (received {}, stale {}, queue drops {})",
+        st.accepted.load(Relaxed),
+        st.received.load(Relaxed),
+        st.stale.load(Relaxed),
+        st.queue_dropped.load(Relaxed),
+    );
+    publish(&pubc, &status_topic("p0"), b"offline".to_vec()).await;
+    assert!(
+        wait_until(Duration::from_secs(5), || st.evicted_offline.load(Relaxed)
+            == 1)
+        .await,
+        "offline status not taken"
+    );
+    let mut r = redis().await;
+    assert!(geopos(&mut r, &keys, "p0").await.is_none());
+    let got = geopos(&mut r, &keys, "p1").await.expect("p1 live");
+    assert!(near(got, coord(1, seqs)));
+    assert_eq!(st.accepted.load(Relaxed), total, "a point counted twice");
+    assert_eq!(st.stale.load(Relaxed), 0);
     ing.stop().await;
     cleanup(&keys).await;
 }

@@ -9,8 +9,10 @@ use std::time::Duration;
 pub struct HistoryConfig {
     /// Shared-subscription group of the point stream (`$share/<group>/couriers/+/loc`). Never
     /// the ingest group: a group shares its messages out, so history would get only a part.
+    /// `""`: a plain subscription, for a node where this process is the only history writer
+    /// (rumqttd then forwards in runs instead of one message per router pass).
     pub group: String,
-    /// MQTT clients of this process in the group, all feeding one buffer.
+    /// MQTT clients of this process in the group, all feeding one buffer (1 without a group).
     pub mqtt_clients: usize,
     /// Rows waiting for PostgreSQL. When full, the OLDEST rows are dropped and counted
     /// (`history_rows_dropped_total{reason="buffer_full"}`). About 110 B per row (72 B in the
@@ -78,14 +80,13 @@ impl Default for HistoryConfig {
 impl HistoryConfig {
     /// Checks the settings once at start-up; the error starts with the setting's name.
     pub fn validate(&self, ingest_group: &str) -> Result<(), String> {
-        let group_ok = courier_wire::topic::valid_id(&self.group) && !self.group.contains(':');
-        if !group_ok {
+        if !courier_wire::topic::valid_group(&self.group) {
             return Err(format!(
                 "history.group {:?} is not a valid group name",
                 self.group
             ));
         }
-        if self.group == ingest_group {
+        if !self.group.is_empty() && self.group == ingest_group {
             return Err(format!(
                 "history.group {:?} must differ from ingest.group: one group shares its points out between its members",
                 self.group
@@ -101,6 +102,9 @@ impl HistoryConfig {
             if v == 0 {
                 return Err(format!("{name} must be at least 1"));
             }
+        }
+        if self.group.is_empty() && self.mqtt_clients > 1 {
+            return Err("history.mqtt_clients must be 1 when history.group is \"\" (a plain subscription gives every client every point)".into());
         }
         if self.writers > 16 {
             return Err("history.writers must be at most 16".into());
@@ -141,6 +145,24 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         HistoryConfig::default().validate("ingest").unwrap();
+    }
+
+    #[test]
+    fn no_group_means_one_client() {
+        let plain = HistoryConfig {
+            group: String::new(),
+            ..Default::default()
+        };
+        // Both plain: each takes every point, nothing is shared out.
+        plain.validate("").unwrap();
+        let two = HistoryConfig {
+            mqtt_clients: 2,
+            ..plain
+        };
+        assert!(two
+            .validate("")
+            .unwrap_err()
+            .starts_with("history.mqtt_clients"));
     }
 
     #[test]

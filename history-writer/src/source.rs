@@ -52,11 +52,12 @@ pub(crate) async fn receive(
     stats: Arc<Stats>,
     stop: CancellationToken,
 ) {
-    let client_id = courier_wire::mqtt::client_id(&group, n);
+    let role = if group.is_empty() { "history" } else { &group };
+    let client_id = courier_wire::mqtt::client_id(role, n);
     let options = courier_wire::mqtt::options(&endpoint, &client_id, 16);
     let (client, mut eventloop) = AsyncClient::new(options, 16);
     courier_wire::mqtt::no_delay(&mut eventloop);
-    let mut sub = Subscriber::new("history", client, vec![topic::shared_loc_filter(&group)]);
+    let mut sub = Subscriber::new("history", client, vec![topic::loc_filter(&group)]);
     let mut orders: Arc<Orders> = shared.orders_snapshot();
     let mut orders_version = shared.orders_version.load(Relaxed);
     let (mut received, mut dropped) = (0u64, 0u64);

@@ -57,11 +57,10 @@ pub fn plan<'a>(messages: &'a [Message], limits: &Validation, now: f64) -> Plan<
                 }),
                 Err(why) => plan.tally.invalid[why.index()] += 1,
             },
-            Some(CourierTopic::Status(id)) => {
-                if m.payload.as_ref().trim_ascii() == b"offline" {
-                    plan.entries.push(Entry::Offline(id));
-                }
+            Some(CourierTopic::Status(id)) if m.payload.as_ref().trim_ascii() == b"offline" => {
+                plan.entries.push(Entry::Offline(id));
             }
+            Some(CourierTopic::Status(_)) => {} // `online`: nothing to record
             // Only a loc filter reaches here with a topic we cannot parse: an id that is too
             // long or has characters we refuse.
             None if m.topic.ends_with("/loc") => plan.tally.invalid[Invalid::BadId.index()] += 1,

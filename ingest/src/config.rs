@@ -7,12 +7,14 @@ use std::time::Duration;
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct IngestConfig {
-    /// Shared-subscription group of the point stream (`$share/<group>/couriers/+/loc`).
+    /// Shared-subscription group of the point stream (`$share/<group>/couriers/+/loc`). `""`: a
+    /// plain subscription (one worker takes every point), for a node where this process is the
+    /// only ingest: rumqttd then forwards points in runs instead of one per router pass.
     pub group: String,
-    /// Group of the status stream. A group of its own: two filters under one group name lose
-    /// half the messages on rumqttd.
+    /// Group of the status stream (`""`: plain). A group of its own: two filters under one group
+    /// name lose half the messages on rumqttd.
     pub status_group: String,
-    /// Ingest workers in this process, each its own MQTT client in the group.
+    /// Ingest workers in this process, each its own MQTT client in the group (1 without a group).
     pub workers: usize,
     /// Messages waiting between the MQTT receive loop and the Redis writer. When full, new
     /// messages are dropped and counted (`ingest_queue_dropped_total`), never awaited in the
@@ -67,20 +69,37 @@ impl Default for IngestConfig {
 }
 
 impl IngestConfig {
+    /// The first part of the workers' MQTT client ids.
+    pub fn client_role(&self) -> &str {
+        if self.group.is_empty() {
+            "ingest"
+        } else {
+            &self.group
+        }
+    }
+
     /// Checks the settings once at start-up; the error names the setting.
     pub fn validate(&self) -> Result<(), String> {
-        let group_ok = |g: &str| courier_wire::topic::valid_id(g) && !g.contains(':');
-        if !group_ok(&self.group) {
+        use courier_wire::topic::valid_group;
+        if !valid_group(&self.group) {
             return Err(format!(
                 "ingest.group {:?} is not a valid group name",
                 self.group
             ));
         }
-        if !group_ok(&self.status_group) || self.status_group == self.group {
+        if !valid_group(&self.status_group)
+            || (!self.group.is_empty() && self.status_group == self.group)
+        {
             return Err(format!(
                 "ingest.status_group {:?} must be a valid group name different from ingest.group",
                 self.status_group
             ));
+        }
+        if (self.group.is_empty() || self.status_group.is_empty()) && self.workers > 1 {
+            return Err(
+                "ingest.workers must be 1 when ingest.group or ingest.status_group is \"\" (a plain subscription gives every worker every message)"
+                    .into(),
+            );
         }
         let positive = [
             ("ingest.workers", self.workers),
@@ -145,6 +164,22 @@ mod tests {
             ..Default::default()
         };
         assert!(c.validate().unwrap_err().contains("ingest.status_group"));
+    }
+
+    #[test]
+    fn no_group_means_one_worker() {
+        let plain = IngestConfig {
+            group: String::new(),
+            status_group: String::new(),
+            ..Default::default()
+        };
+        plain.validate().unwrap();
+        assert_eq!(plain.client_role(), "ingest");
+        let two = IngestConfig {
+            workers: 2,
+            ..plain
+        };
+        assert!(two.validate().unwrap_err().contains("ingest.workers"));
     }
 
     fn toml_like(line: &str) -> IngestConfig {

@@ -35,7 +35,7 @@ pub(crate) async fn run(
     stats: Arc<Stats>,
     shutdown: CancellationToken,
 ) {
-    let client_id = courier_wire::mqtt::client_id(&config.group, n);
+    let client_id = courier_wire::mqtt::client_id(config.client_role(), n);
     // Tracks wait here for the connection; room for a few full batches.
     let options = courier_wire::mqtt::options(
         endpoint,
@@ -45,8 +45,8 @@ pub(crate) async fn run(
     let (client, mut eventloop) = AsyncClient::new(options, 64);
     courier_wire::mqtt::no_delay(&mut eventloop);
     let filters = vec![
-        topic::shared_loc_filter(&config.group),
-        topic::shared_status_filter(&config.status_group),
+        topic::loc_filter(&config.group),
+        topic::status_filter(&config.status_group),
     ];
     let (tx, mut rx) = mpsc::channel::<Message>(config.queue_capacity);
     let done = CancellationToken::new();

@@ -53,15 +53,32 @@ pub fn track_topic(order: &str) -> String {
     format!("track/{order}")
 }
 
-/// The shared-subscription filter of a group over every courier's points.
-pub fn shared_loc_filter(group: &str) -> String {
-    format!("$share/{group}/couriers/+/loc")
+/// A role's filter over every courier's points: `$share/<group>/couriers/+/loc`, or with no
+/// group (`""`) a plain subscription that takes every point itself.
+pub fn loc_filter(group: &str) -> String {
+    group_filter(group, "couriers/+/loc")
 }
 
-/// The shared-subscription filter of a group over every courier's status. It must be a group
-/// of its own: two filters under one group name lose half the messages on rumqttd.
-pub fn shared_status_filter(group: &str) -> String {
-    format!("$share/{group}/couriers/+/status")
+/// A role's filter over every courier's status. A shared one must be a group of its own: two
+/// filters under one group name lose half the messages on rumqttd.
+pub fn status_filter(group: &str) -> String {
+    group_filter(group, "couriers/+/status")
+}
+
+/// Why a plain subscription at all: rumqttd's round-robin groups read ONE message per router
+/// pass and member (and wake the member's connection for it), where a plain subscription gets up
+/// to `max_outgoing_packet_count` per pass. A node with one consumer per stream needs no group.
+fn group_filter(group: &str, filter: &str) -> String {
+    if group.is_empty() {
+        filter.to_string()
+    } else {
+        format!("$share/{group}/{filter}")
+    }
+}
+
+/// A subscription group name, or `""` (no group). The name cannot hold `/`, `+`, `#` or `:`.
+pub fn valid_group(group: &str) -> bool {
+    group.is_empty() || (valid_id(group) && !group.contains(':'))
 }
 
 #[cfg(test)]
@@ -103,10 +120,22 @@ mod tests {
         assert_eq!(loc_topic("c1"), "couriers/c1/loc");
         assert_eq!(status_topic("c1"), "couriers/c1/status");
         assert_eq!(track_topic("o9"), "track/o9");
-        assert_eq!(shared_loc_filter("ingest"), "$share/ingest/couriers/+/loc");
+        assert_eq!(loc_filter("ingest"), "$share/ingest/couriers/+/loc");
         assert_eq!(
-            shared_status_filter("ingest-status"),
+            status_filter("ingest-status"),
             "$share/ingest-status/couriers/+/status"
         );
+        assert_eq!(loc_filter(""), "couriers/+/loc");
+        assert_eq!(status_filter(""), "couriers/+/status");
+    }
+
+    #[test]
+    fn group_names() {
+        for ok in ["", "ingest", "history-2", "a_b"] {
+            assert!(valid_group(ok), "{ok:?}");
+        }
+        for bad in ["a/b", "a+", "#", "a:b", "a b"] {
+            assert!(!valid_group(bad), "{bad:?}");
+        }
     }
 }
