@@ -8,6 +8,8 @@
 //! Env: BENCH_RATES (msg/s, comma-separated; default 10000,20000,40000,60000,80000),
 //! BENCH_SECONDS (per step; default 10).
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -68,39 +70,6 @@ fn metric(text: &str, name: &str, label: &str) -> f64 {
         .sum()
 }
 
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-    ticks / clk_tck()
-}
-
-fn clk_tck() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(field)?
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0)
-}
-
 /// Waits until a process's `/readyz` answers 200 (probing the MQTT port itself would make
 /// rumqttd log an aborted connection).
 fn wait_ready(metrics_port: u16) {
@@ -109,21 +78,6 @@ fn wait_ready(metrics_port: u16) {
         assert!(Instant::now() < deadline, "port {metrics_port} never ready");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// Redis's own CPU seconds (user + system, from INFO), for its cost per point: nothing else
-/// writes to it while this bench runs.
-fn redis_cpu_secs(url: &str) -> f64 {
-    let out = Command::new("redis-cli")
-        .args(["-u", url, "INFO", "cpu"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    out.lines()
-        .filter_map(|l| l.trim().split_once(':'))
-        .filter(|(k, _)| *k == "used_cpu_user" || *k == "used_cpu_sys")
-        .filter_map(|(_, v)| v.parse::<f64>().ok())
-        .sum()
 }
 
 fn main() {
@@ -204,8 +158,8 @@ fn main() {
         let acc0 = metric(&before, "ingest_points_total", "result=\"accepted\"");
         let stale0 = metric(&before, "ingest_points_total", "result=\"stale\"");
         let qdrop0 = metric(&before, "ingest_queue_dropped_total", "");
-        let cpu0 = cpu_secs(ipid);
-        let redis0 = redis_cpu_secs(&redis_url);
+        let cpu0 = common::cpu_seconds(ipid);
+        let redis0 = common::redis_cpu_seconds(&redis_url);
         let sim = Command::new(BIN)
             .args([
                 "simulate",
@@ -244,8 +198,8 @@ fn main() {
             }
             last = now;
         }
-        let cpu = cpu_secs(ipid) - cpu0;
-        let redis_cpu = redis_cpu_secs(&redis_url) - redis0;
+        let cpu = common::cpu_seconds(ipid) - cpu0;
+        let redis_cpu = common::redis_cpu_seconds(&redis_url) - redis0;
         let received = metric(&text, "ingest_messages_received_total", "") - rx0;
         let accepted = metric(&text, "ingest_points_total", "result=\"accepted\"") - acc0;
         let alerts = metric(&metrics(broker_metrics), "broker_cursor_jumps_total", "") - b_before;
@@ -268,8 +222,8 @@ fn main() {
             alerts,
             cpu * 1e6 / received.max(1.0),
             redis_cpu * 1e6 / received.max(1.0),
-            status_kib(ipid, "VmRSS:") as f64 / 1024.0,
-            status_kib(ipid, "VmHWM:") as f64 / 1024.0,
+            common::status_kib(ipid, "VmRSS:") as f64 / 1024.0,
+            common::status_kib(ipid, "VmHWM:") as f64 / 1024.0,
         );
     }
     drop(ingest);

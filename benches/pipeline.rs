@@ -1,7 +1,8 @@
 //! The whole pipeline under stepping load: `courier-pipeline run` (embedded broker), and again
 //! `courier-pipeline ingest` against Mosquitto, fed by `courier-pipeline simulate` at rising
 //! rates. Prints a table (and writes it to a file): rate asked, sent, received by ingest,
-//! accepted, loss, history rows, phone-to-viewer delay, CPU per point and RSS per process.
+//! accepted, loss, history rows, phone-to-viewer delay, CPU per point (each process, and Redis and
+//! PostgreSQL) and RSS per process.
 //!
 //! The delay is measured the customer's way when the `run` process has fanout (the embedded
 //! mode with AUTH_KEYS and SERVICE_KEY set, as ./dev sets them): orders assigned through its
@@ -18,6 +19,8 @@
 //! <target dir>/pipeline-bench.md). Figures come only from the processes' /metrics and the
 //! simulator's --report JSON. Everything started is stopped by PID; keys live under a fresh
 //! prefix and are deleted. `cargo test` runs nothing here.
+
+mod common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -98,26 +101,6 @@ fn metric(text: &str, name: &str, label: Option<&str>) -> Option<f64> {
         }
     }
     found
-}
-
-/// CPU seconds (user + system) of a live process.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces): utime and stime are the 12th and
-    // 13th; clock ticks of 1/100 s on Linux.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(0.0, |kib| kib / 1024.0)
 }
 
 fn wait_port(addr: SocketAddr, what: &str) {
@@ -290,7 +273,9 @@ fn main() {
 
         for (n, &rate) in rates.iter().enumerate() {
             let m0 = scrape(metrics_addr).unwrap_or_default();
-            let cpu0: Vec<f64> = procs.iter().map(|p| cpu_seconds(p.pid())).collect();
+            let cpu0: Vec<f64> = procs.iter().map(|p| common::cpu_seconds(p.pid())).collect();
+            let redis_cpu0 = common::redis_cpu_seconds(&redis_url);
+            let pg_cpu0 = common::cpu_seconds_named("postgres");
             let report = dir.join(format!("{mode}-{rate}.json"));
             let connections = (rate / 8000).clamp(2, 16);
             let mut sim = Command::new(BIN);
@@ -351,12 +336,25 @@ fn main() {
             let mut cpu = Vec::new();
             let mut rss = Vec::new();
             for (p, c0) in procs.iter().zip(&cpu0) {
-                let us = (cpu_seconds(p.pid()) - c0) * 1e6 / sent.max(1) as f64;
+                let us = (common::cpu_seconds(p.pid()) - c0) * 1e6 / sent.max(1) as f64;
                 cpu.push(format!("{} {us:.1}", p.name));
-                rss.push(format!("{} {:.0}", p.name, rss_mib(p.pid())));
+                rss.push(format!(
+                    "{} {:.0}",
+                    p.name,
+                    common::status_kib(p.pid(), "VmRSS:") as f64 / 1024.0
+                ));
             }
             let sim_cpu = r["cpu_seconds"].as_f64().unwrap_or(0.0) * 1e6 / sent.max(1) as f64;
             cpu.push(format!("sim {sim_cpu:.1}"));
+            // Redis's share of the box is what ingest's batch script gets done with.
+            let redis_cpu =
+                (common::redis_cpu_seconds(&redis_url) - redis_cpu0) * 1e6 / sent.max(1) as f64;
+            cpu.push(format!("redis {redis_cpu:.1}"));
+            if mode.starts_with("embedded") {
+                let pg =
+                    (common::cpu_seconds_named("postgres") - pg_cpu0) * 1e6 / sent.max(1) as f64;
+                cpu.push(format!("postgres {pg:.1}"));
+            }
             rss.push(format!(
                 "sim {:.0}",
                 r["max_rss_kib"].as_f64().unwrap_or(0.0) / 1024.0
