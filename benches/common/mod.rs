@@ -6,12 +6,16 @@ use std::process::Command;
 
 /// CPU seconds (user + system) of a live process.
 pub fn cpu_seconds(pid: u32) -> f64 {
+    stat_ticks(pid, 11..13) / clock_ticks()
+}
+
+/// The sum of `/proc/<pid>/stat` fields `fields`, counted after the command name (which may hold
+/// spaces): 11 utime, 12 stime, 13 cutime, 14 cstime.
+fn stat_ticks(pid: u32, fields: std::ops::Range<usize>) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces): utime and stime are the 12th and 13th.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / clock_ticks()
+    fields.filter_map(|i| f.get(i)?.parse::<f64>().ok()).sum()
 }
 
 fn clock_ticks() -> f64 {
@@ -54,8 +58,9 @@ pub fn redis_cpu_seconds(url: &str) -> f64 {
         .sum()
 }
 
-/// CPU seconds of every live process named `comm` (PostgreSQL's server and backends: its cost
-/// per point, as long as the backends live through the measurement, as the writer's do).
+/// CPU seconds of every process named `comm` (PostgreSQL's server and backends), counting the
+/// children they reaped too: backends and autovacuum workers come and go, and an exited one's CPU
+/// moves to its parent's cutime/cstime instead of vanishing from the sum.
 pub fn cpu_seconds_named(comm: &str) -> f64 {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return 0.0;
@@ -65,6 +70,6 @@ pub fn cpu_seconds_named(comm: &str) -> f64 {
         .filter(|pid| {
             std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm)
         })
-        .map(cpu_seconds)
+        .map(|pid| stat_ticks(pid, 11..15) / clock_ticks())
         .sum()
 }
