@@ -213,6 +213,14 @@ pub fn start(config: rumqttd::Config, listen: SocketAddr) -> Result<(), BrokerEr
     Ok(())
 }
 
+/// This process's open file descriptors (Linux: `/proc/self/fd`).
+fn open_descriptors() -> std::io::Result<Vec<i32>> {
+    Ok(std::fs::read_dir("/proc/self/fd")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect())
+}
+
 /// Sets TCP_NODELAY on this process's TCP sockets bound to one of `ports` (the broker's listeners
 /// and anything they accepted already), returning how many it set.
 ///
@@ -224,16 +232,8 @@ pub fn start(config: rumqttd::Config, listen: SocketAddr) -> Result<(), BrokerEr
 pub fn no_delay_on_listeners(ports: &[u16]) -> std::io::Result<usize> {
     use std::os::fd::BorrowedFd;
     let mut set = 0;
-    for entry in std::fs::read_dir("/proc/self/fd")? {
-        let Ok(entry) = entry else { continue };
-        let Some(fd) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let is_socket = std::fs::read_link(entry.path())
+    for fd in open_descriptors()? {
+        let is_socket = std::fs::read_link(format!("/proc/self/fd/{fd}"))
             .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"));
         if !is_socket {
             continue;
@@ -274,14 +274,7 @@ mod tests {
     fn accepted_nodelay(client: &std::net::TcpStream) -> Option<bool> {
         use std::os::fd::BorrowedFd;
         let peer = client.local_addr().unwrap();
-        for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
-            let Some(fd) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<i32>().ok())
-            else {
-                continue;
-            };
+        for fd in open_descriptors().unwrap() {
             // SAFETY: borrowed for two getsockopt calls; the test opens and closes nothing meanwhile.
             let fd = unsafe { BorrowedFd::borrow_raw(fd) };
             let sock = socket2::SockRef::from(&fd);
