@@ -11,6 +11,8 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+mod common;
+
 use bytes::BytesMut;
 use courier_auth::Claims;
 use courier_wire::{loc_topic, Keys};
@@ -42,17 +44,6 @@ impl Drop for Children {
             let _ = c.wait();
         }
     }
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 #[derive(Default)]
@@ -260,7 +251,7 @@ async fn run() {
             .unwrap();
     }
     let keyring = test_keyring();
-    let rss_start = rss_kib(gw_pid);
+    let rss_start = common::status_kib(gw_pid, "VmRSS:");
 
     // 1. Viewers held.
     let t0 = Instant::now();
@@ -269,7 +260,7 @@ async fn run() {
     let got_live = open_viewers(ws, &keyring, &orders, n_orders, Some(delays.clone())).await;
     let connect_secs = t0.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let rss_held = rss_kib(gw_pid);
+    let rss_held = common::status_kib(gw_pid, "VmRSS:");
     let viewers = got_held + got_live;
     println!(
         "fanout viewers held: {viewers} of {goal} asked (open-file limit {nofile} per process) in {connect_secs:.1}s; gateway RSS {:.1} MiB -> {:.1} MiB, {:.1} KiB per viewer",
@@ -332,11 +323,11 @@ async fn run() {
     ] {
         tokio::time::sleep(Duration::from_millis(500)).await;
         delays.samples.lock().unwrap().clear();
-        let cpu0 = cpu_ticks(gw_pid);
+        let cpu0 = common::cpu_seconds(gw_pid);
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         let sent = publish_for(seconds, direct).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let cpu = (cpu_ticks(gw_pid) - cpu0) as f64 / 100.0;
+        let cpu = common::cpu_seconds(gw_pid) - cpu0;
         let mut s = std::mem::take(&mut *delays.samples.lock().unwrap());
         s.sort_unstable();
         println!(
@@ -349,7 +340,7 @@ async fn run() {
             percentile(&s, 0.99),
             percentile(&s, 1.0),
             100.0 * cpu / seconds as f64,
-            rss_kib(gw_pid) as f64 / 1024.0,
+            common::status_kib(gw_pid, "VmRSS:") as f64 / 1024.0,
             load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
         );
     }
@@ -390,15 +381,6 @@ async fn scrape(addr: std::net::SocketAddr) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// utime + stime of a process, in clock ticks (100 per second on Linux).
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, a)| a).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
 }
 
 fn main() {

@@ -11,6 +11,8 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+mod common;
+
 use courier_wire::{loc_topic, Keys, Validation};
 use history_writer::{HistoryConfig, HistoryWriter, Stats};
 use rumqttc::QoS;
@@ -25,17 +27,6 @@ fn env_or<T: std::str::FromStr>(k: &str, d: T) -> T {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(d)
-}
-
-fn rss_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 fn main() {
@@ -75,7 +66,7 @@ fn main() {
         assert!(wait_until(Duration::from_secs(15), || st.subscriptions_acked.load(Relaxed) >= clients as u64).await);
         println!(
             "history_path: offering {rate} points/s for {seconds}s from {couriers} couriers over {publishers} publishers; writer MQTT clients {clients}, COPY connections {writers}; RSS before {} MiB",
-            rss_kib("VmRSS:") / 1024
+            common::status_kib(std::process::id(), "VmRSS:") / 1024
         );
 
         let sent = Arc::new(AtomicU64::new(0));
@@ -123,7 +114,7 @@ fn main() {
                 now.1 - last.1,
                 now.2 - last.2,
                 st.dropped_total(),
-                rss_kib("VmRSS:") / 1024
+                common::status_kib(std::process::id(), "VmRSS:") / 1024
             );
             if s == 5 {
                 // Measure from here: connection set-up and the first partitions are behind us.
@@ -141,8 +132,8 @@ fn main() {
         let written_steady = st.written.load(Relaxed) - w_steady;
         let p50 = st.commit_lag.quantile(0.5);
         let p99 = st.commit_lag.quantile(0.99);
-        let rss = rss_kib("VmRSS:") / 1024;
-        let hwm = rss_kib("VmHWM:") / 1024;
+        let rss = common::status_kib(std::process::id(), "VmRSS:") / 1024;
+        let hwm = common::status_kib(std::process::id(), "VmHWM:") / 1024;
         // Let the broker deliver what is still on its way (until nothing new arrives for 1 s),
         // then the last batches commit; then account for everything.
         let mut seen = st.received.load(Relaxed);
