@@ -26,6 +26,8 @@ pub enum Role {
     History,
     /// Orders API (on HTTP_LISTEN) and the viewer gateway (on WS_LISTEN).
     Fanout,
+    /// The MQTT edge phones log in to (EDGE_LISTEN ...), forwarding to the bus.
+    Edge,
 }
 
 impl Role {
@@ -49,6 +51,10 @@ pub enum AppError {
     NoAuthKeys,
     #[error(transparent)]
     Fanout(#[from] FanoutError),
+    #[error(transparent)]
+    Edge(#[from] edge::EdgeError),
+    #[error("AUTH_KEYS is not set: the edge checks the couriers' device tokens with these keys")]
+    NoEdgeKeys,
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         what: &'static str,
@@ -102,6 +108,25 @@ pub async fn run(
         });
     }
 
+    // The edge binds first: a port in use is a start-up error before anything else runs.
+    let edge_stats = Arc::new(edge::Stats::default());
+    let mut phones = match (role, &config.auth) {
+        (Role::All | Role::Edge, Some(keys)) => Some(
+            edge::Edge {
+                settings: config.edge.clone(),
+                keys: keys.clone(),
+                stats: edge_stats.clone(),
+            }
+            .bind()?,
+        ),
+        (Role::Edge, None) => return Err(AppError::NoEdgeKeys),
+        (Role::All, None) => {
+            tracing::warn!("edge not started (phones cannot connect): set AUTH_KEYS");
+            None
+        }
+        _ => None,
+    };
+
     match (&config.broker, role) {
         (
             Broker::Embedded {
@@ -119,7 +144,11 @@ pub async fn run(
                 (false, _) => None,
             };
             broker::secure(&mut bc, tls.as_ref(), keys)?;
-            broker::start(bc, *listen)?;
+            // The edge of this process hands points to rumqttd in-process.
+            match phones.as_mut().and_then(|p| p.take_queue()) {
+                Some(queue) => broker::start_with_edge(bc, *listen, queue)?,
+                None => broker::start(bc, *listen)?,
+            }
             readiness.add("broker", || true);
             match tls {
                 Some(t) => {
@@ -227,6 +256,18 @@ pub async fn run(
                 .into())
             }
         }
+    }
+    if let Some(edge) = phones {
+        // Without the in-process link (an external bus, or `courier-pipeline edge`), the edge
+        // forwards over MQTT with a service login.
+        let bus = Some(config.worker_endpoint("edge"));
+        let up = edge_stats.clone();
+        readiness.add("edge.bus", move || up.bus_up.get());
+        for (via, addr) in edge.local_addrs() {
+            tracing::info!(%addr, transport = via.label(), "edge listening for phones");
+        }
+        let stop = shutdown.clone();
+        roles.spawn(async move { Ok(edge.run(bus, stop).await?) });
     }
     if !routes.is_empty() {
         let l = listener("http", config.http_listen)?;

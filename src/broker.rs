@@ -75,8 +75,9 @@ pub struct TlsListener {
 }
 
 /// Adds a TLS listener (a copy of the plain one's settings) and, with a keyring, the login
-/// check on every listener: couriers with their device token, workers with a service token.
-/// rumqttd closes a refused connection without a CONNACK code.
+/// check on every listener: the pipeline's workers with a service token, nobody else. Phones log
+/// in at the edge: rumqttd cannot authorize a packet after CONNECT, so a courier on the bus
+/// could read every courier's points. rumqttd closes a refused connection without a CONNACK code.
 pub fn secure(
     config: &mut rumqttd::Config,
     tls: Option<&TlsListener>,
@@ -116,16 +117,22 @@ pub fn secure(
             server.set_auth_handler(move |_client_id, user: String, pass: String| {
                 let now = courier_wire::clock::unix_now() as u64;
                 let result = courier_auth::broker_login(&keys, &user, &pass, now);
+                let admitted = matches!(result, Ok(courier_auth::BrokerLogin::Service(_)));
                 let label = match &result {
-                    Ok(courier_auth::BrokerLogin::Courier(_)) => "courier",
                     Ok(courier_auth::BrokerLogin::Service(_)) => "service",
+                    Ok(courier_auth::BrokerLogin::Courier(_)) => "courier_refused",
                     Err(_) => "refused",
                 };
                 metrics::counter!(m::BROKER_LOGINS, "result" => label).increment(1);
-                if let Err(e) = &result {
-                    tracing::info!(username = %user, reason = %e, "broker login refused");
+                match &result {
+                    Ok(courier_auth::BrokerLogin::Courier(_)) => tracing::info!(
+                        username = %user,
+                        "bus login refused: couriers log in at the edge (EDGE_LISTEN), not the bus"
+                    ),
+                    Err(e) => tracing::info!(username = %user, reason = %e, "bus login refused"),
+                    Ok(_) => {}
                 }
-                std::future::ready(result.is_ok())
+                std::future::ready(admitted)
             });
         }
     }
@@ -143,6 +150,67 @@ fn listen_addrs(config: &rumqttd::Config) -> Vec<SocketAddr> {
 
 /// Starts the broker and waits until every listener accepts connections.
 pub fn start(config: rumqttd::Config, listen: SocketAddr) -> Result<(), BrokerError> {
+    start_inner(config, listen, false).map(|_| ())
+}
+
+/// Starts the broker with an in-process link for the edge of this process, and a thread that
+/// hands the edge's queue to it: the phones' points reach rumqttd's router with no TCP hop and
+/// no per-phone state in rumqttd.
+pub fn start_with_edge(
+    config: rumqttd::Config,
+    listen: SocketAddr,
+    queue: edge::Queue,
+) -> Result<(), BrokerError> {
+    let (tx, rx) = start_inner(config, listen, true)?.expect("asked for a link");
+    forward_edge(queue, tx, rx)
+}
+
+/// How many messages one router wake-up carries at most.
+const LINK_BATCH: usize = 512;
+
+fn forward_edge(
+    mut queue: edge::Queue,
+    mut tx: rumqttd::local::LinkTx,
+    mut rx: rumqttd::local::LinkRx,
+) -> Result<(), BrokerError> {
+    use rumqttd::protocol::{Packet, Publish};
+    // The router answers on the link (acks, none for QoS 0); keep it drained.
+    std::thread::Builder::new()
+        .name("edge-link-rx".into())
+        .spawn(move || while rx.recv().is_ok() {})
+        .map_err(|e| BrokerError::Start(e.to_string()))?;
+    std::thread::Builder::new()
+        .name("edge-link".into())
+        .spawn(move || {
+            let mut batch = Vec::with_capacity(LINK_BATCH);
+            while queue.blocking_recv_many(&mut batch, LINK_BATCH) > 0 {
+                // All but the last go straight into the link's buffer; the last one's publish
+                // wakes the router once for the whole batch.
+                let last = batch.pop().expect("at least one");
+                {
+                    let mut buf = tx.buffer();
+                    for m in batch.drain(..) {
+                        let topic = bytes::Bytes::from(m.topic);
+                        buf.push_back(Packet::Publish(Publish::new(topic, m.payload, false), None));
+                    }
+                }
+                if let Err(e) = tx.publish(last.topic, last.payload) {
+                    tracing::error!(error = %e, "embedded broker link closed; edge forwarding stops");
+                    return;
+                }
+            }
+        })
+        .map_err(|e| BrokerError::Start(e.to_string()))?;
+    Ok(())
+}
+
+type Link = (rumqttd::local::LinkTx, rumqttd::local::LinkRx);
+
+fn start_inner(
+    config: rumqttd::Config,
+    listen: SocketAddr,
+    edge_link: bool,
+) -> Result<Option<Link>, BrokerError> {
     let mut addrs = listen_addrs(&config);
     if !addrs.contains(&listen) {
         addrs.push(listen);
@@ -155,6 +223,15 @@ pub fn start(config: rumqttd::Config, listen: SocketAddr) -> Result<(), BrokerEr
         })?;
     }
     let mut broker = rumqttd::Broker::new(config);
+    let link = if edge_link {
+        Some(
+            broker
+                .link("edge-in-process")
+                .map_err(|e| BrokerError::Start(e.to_string()))?,
+        )
+    } else {
+        None
+    };
     let alerts = broker
         .alerts()
         .map_err(|e| BrokerError::Start(e.to_string()))?;
@@ -210,7 +287,7 @@ pub fn start(config: rumqttd::Config, listen: SocketAddr) -> Result<(), BrokerEr
             "cannot set TCP_NODELAY on broker listeners: forwarded messages may wait for Nagle (tens of ms)"
         ),
     }
-    Ok(())
+    Ok(link)
 }
 
 /// This process's open file descriptors (Linux: `/proc/self/fd`).

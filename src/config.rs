@@ -2,6 +2,7 @@
 //! validated once at start-up into real types. A bad setting is one error naming it.
 
 use courier_wire::{Keys, MqttEndpoint};
+use edge::{EdgeConfig, EdgeSettings};
 use fanout::FanoutConfig;
 use history_writer::HistoryConfig;
 use ingest::IngestConfig;
@@ -23,6 +24,8 @@ pub struct FileConfig {
     pub ingest: IngestConfig,
     pub history: HistoryConfig,
     pub fanout: FanoutConfig,
+    /// The MQTT edge phones connect to (`[edge]`).
+    pub edge: EdgeConfig,
     /// How long shutdown may take (drain queues, flush the last batch) before the process exits.
     #[serde(with = "courier_wire::duration")]
     pub shutdown_grace: Duration,
@@ -40,6 +43,7 @@ impl Default for FileConfig {
             ingest: IngestConfig::default(),
             history: HistoryConfig::default(),
             fanout: FanoutConfig::default(),
+            edge: EdgeConfig::default(),
             shutdown_grace: Duration::from_secs(10),
         }
     }
@@ -48,9 +52,11 @@ impl Default for FileConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct MqttSection {
-    /// External broker (`MQTT_URL`), e.g. `mqtt://127.0.0.1:1883`. Unset: `run` embeds one.
+    /// External bus broker (`MQTT_URL`), e.g. `mqtt://127.0.0.1:1884`. Unset: `run` embeds one.
+    /// Only the pipeline's own workers (and edges) connect to the bus; phones connect to the edge.
     pub url: Option<String>,
-    /// TCP address of the embedded broker (`MQTT_LISTEN`).
+    /// TCP address of the embedded bus broker (`MQTT_LISTEN`); loopback unless workers on other
+    /// hosts need it (it admits service logins only).
     pub listen: String,
     /// rumqttd configuration of the embedded broker; unset: the built-in copy of
     /// `broker-config/rumqttd.toml`.
@@ -74,7 +80,7 @@ impl Default for MqttSection {
     fn default() -> Self {
         MqttSection {
             url: None,
-            listen: "127.0.0.1:1883".into(),
+            listen: "127.0.0.1:1884".into(),
             broker_config: None,
             tls_listen: None,
             tls_cert: None,
@@ -176,6 +182,11 @@ pub struct Overrides {
     pub mqtt_allow_anonymous: Option<bool>,
     /// `SERVICE_KEY` of the orders API.
     pub service_key: Option<String>,
+    pub edge_listen: Option<String>,
+    pub edge_tls_listen: Option<String>,
+    pub edge_tls_cert: Option<String>,
+    pub edge_tls_key: Option<String>,
+    pub edge_ws_listen: Option<String>,
 }
 
 /// Where the roles find their broker.
@@ -219,6 +230,7 @@ pub struct Config {
     pub ingest: IngestConfig,
     pub history: HistoryConfig,
     pub fanout: FanoutConfig,
+    pub edge: EdgeSettings,
     pub shutdown_grace: Duration,
 }
 
@@ -303,6 +315,21 @@ impl FileConfig {
         }
         if let Some(v) = o.mqtt_allow_anonymous {
             self.mqtt.allow_anonymous = v;
+        }
+        if let Some(v) = o.edge_listen {
+            self.edge.listen = v;
+        }
+        if let Some(v) = o.edge_tls_listen.filter(|v| !v.is_empty()) {
+            self.edge.tls_listen = Some(v);
+        }
+        if let Some(v) = o.edge_tls_cert.filter(|v| !v.is_empty()) {
+            self.edge.tls_cert = Some(v.into());
+        }
+        if let Some(v) = o.edge_tls_key.filter(|v| !v.is_empty()) {
+            self.edge.tls_key = Some(v.into());
+        }
+        if let Some(v) = o.edge_ws_listen.filter(|v| !v.is_empty()) {
+            self.edge.ws_listen = Some(v);
         }
         let auth = match &self.auth.keys {
             Some(spec) => {
@@ -391,6 +418,7 @@ impl FileConfig {
             let (setting, reason) = e.split_once(' ').unwrap_or((e.as_str(), ""));
             err(setting, reason)
         })?;
+        let edge = self.edge.validate().map_err(|e| err(e.setting, e.reason))?;
         Ok(Config {
             broker,
             redis_url: self.redis.url,
@@ -403,6 +431,7 @@ impl FileConfig {
             ingest: self.ingest,
             history: self.history,
             fanout: self.fanout,
+            edge,
             shutdown_grace: self.shutdown_grace,
         })
     }
@@ -425,7 +454,7 @@ mod tests {
         assert_eq!(
             c.broker,
             Broker::Embedded {
-                listen: "127.0.0.1:1883".parse().unwrap(),
+                listen: "127.0.0.1:1884".parse().unwrap(),
                 config: None,
                 tls: None,
                 auth: true,
@@ -440,6 +469,7 @@ mod tests {
         assert!(matches!(open.broker, Broker::Embedded { auth: false, .. }));
         assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
         assert_eq!(c.keys, Keys::default());
+        assert_eq!(c.edge.tcp, ["127.0.0.1:1883".parse().unwrap()]);
     }
 
     #[test]
@@ -539,6 +569,20 @@ mod tests {
                 ..Default::default()
             }),
             "WS_LISTEN"
+        );
+        assert_eq!(
+            bad(Overrides {
+                edge_listen: Some("x".into()),
+                ..Default::default()
+            }),
+            "EDGE_LISTEN"
+        );
+        assert_eq!(
+            bad(Overrides {
+                edge_tls_listen: Some("127.0.0.1:8883".into()),
+                ..Default::default()
+            }),
+            "EDGE_TLS_LISTEN"
         );
         assert_eq!(
             bad(Overrides {

@@ -1,11 +1,13 @@
 //! courier-pipeline: the process. It reads the configuration, starts the roles a command asks
-//! for (embedded broker, ingest, history writer and trail API; fanout comes later) and stops
+//! for (MQTT edge, embedded bus broker, ingest, history writer and trail API, fanout) and stops
 //! them in order.
 //!
 //! ```text
-//! courier phone --couriers/<id>/loc--> broker (embedded rumqttd or external)
-//!   --$share/ingest--> ingest --> Redis couriers:live / couriers:seen, broker track/<order>
+//! courier phone --couriers/<id>/loc--> edge (courier policy) --> bus (embedded rumqttd via an
+//!   in-process link, or external at MQTT_URL; workers only)
+//!   --$share/ingest--> ingest --> Redis couriers:live / couriers:seen, bus track/<order>
 //!   --$share/history--> history writer --> PostgreSQL courier_points (trail API on HTTP_LISTEN)
+//!   --track/+--> fanout viewer gateway (WS_LISTEN) --> customers
 //! ```
 
 pub mod app;

@@ -49,6 +49,21 @@ struct Cli {
     /// Let the embedded broker admit clients without credentials (development only).
     #[arg(long, global = true, env = "MQTT_ALLOW_ANONYMOUS")]
     mqtt_allow_anonymous: Option<bool>,
+    /// The MQTT edge phones connect to: address(es), comma-separated, or `off`.
+    #[arg(long, global = true, env = "EDGE_LISTEN")]
+    edge_listen: Option<String>,
+    /// MQTT over TLS listener(s) of the edge (needs EDGE_TLS_CERT and EDGE_TLS_KEY).
+    #[arg(long, global = true, env = "EDGE_TLS_LISTEN")]
+    edge_tls_listen: Option<String>,
+    /// PEM certificate chain of the edge's TLS listener.
+    #[arg(long, global = true, env = "EDGE_TLS_CERT")]
+    edge_tls_cert: Option<String>,
+    /// PEM private key of the edge's TLS listener.
+    #[arg(long, global = true, env = "EDGE_TLS_KEY")]
+    edge_tls_key: Option<String>,
+    /// MQTT over WebSocket listener(s) of the edge (path /mqtt).
+    #[arg(long, global = true, env = "EDGE_WS_LISTEN")]
+    edge_ws_listen: Option<String>,
     /// Bearer key of the orders API (the order service presents it).
     #[arg(long, global = true, env = "SERVICE_KEY", hide_env_values = true)]
     service_key: Option<String>,
@@ -62,8 +77,11 @@ enum Command {
     Run(RunArgs),
     /// The ingest role alone, against the broker at MQTT_URL (or MQTT_LISTEN's address).
     Ingest(RunArgs),
-    /// The embedded broker alone.
+    /// The embedded bus broker alone (service logins only).
     Broker(RunArgs),
+    /// The MQTT edge alone: phones log in here; it forwards to the bus at MQTT_URL. Several
+    /// edge processes may share one port (SO_REUSEPORT).
+    Edge(RunArgs),
     /// The history writer (MQTT -> PostgreSQL) and the trail API on HTTP_LISTEN.
     #[command(name = "history-writer")]
     HistoryWriter(RunArgs),
@@ -247,11 +265,13 @@ fn real_main() -> anyhow::Result<()> {
         mqtt_ca_file: cli.mqtt_ca_file.clone(),
         mqtt_allow_anonymous: cli.mqtt_allow_anonymous,
         service_key: cli.service_key.clone(),
+        edge_listen: cli.edge_listen.clone(),
+        edge_tls_listen: cli.edge_tls_listen.clone(),
+        edge_tls_cert: cli.edge_tls_cert.clone(),
+        edge_tls_key: cli.edge_tls_key.clone(),
+        edge_ws_listen: cli.edge_ws_listen.clone(),
     })?;
-    if matches!(cli.command, Command::Run(_) | Command::Broker(_)) {
-        // The embedded broker holds one descriptor per connected phone.
-        simulator::limits::raise_nofile(1 << 17);
-    }
+
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {
         let shutdown = CancellationToken::new();
@@ -261,6 +281,7 @@ fn real_main() -> anyhow::Result<()> {
             Command::Run(a) => (Role::All, a),
             Command::Ingest(a) => (Role::Ingest, a),
             Command::Broker(a) => (Role::Broker, a),
+            Command::Edge(a) => (Role::Edge, a),
             Command::HistoryWriter(a) => (Role::History, a),
             Command::Fanout(a) => (Role::Fanout, a),
             Command::Migrate => return migrate(&config.database_url).await,
@@ -365,9 +386,19 @@ async fn simulate(
         ..Default::default()
     };
     cfg.validate().map_err(anyhow::Error::msg)?;
-    // Multiplexed connections log in as the load tester (a service token); a courier's own
-    // connection logs in as that courier with his device token, as a phone does.
-    let endpoint = config.worker_endpoint("simulator");
+    // Multiplexed connections go to the bus and log in as the load tester (a service token); a
+    // courier's own connection goes to the edge (EDGE_LISTEN) and logs in as that courier with his
+    // device token, as a phone does.
+    let mut endpoint = config.worker_endpoint("simulator");
+    let bus = endpoint.clone();
+    if a.connections.is_none() {
+        let edge = config
+            .edge
+            .tcp
+            .first()
+            .context("one connection per courier goes to the edge: set EDGE_LISTEN")?;
+        endpoint = courier_wire::MqttEndpoint::new(edge.ip().to_string(), edge.port());
+    }
     let courier_login: Option<simulator::links::CourierLogin> = config.auth.clone().map(|keys| {
         let f: simulator::links::CourierLogin = Arc::new(move |id: &str| {
             let now = courier_wire::clock::unix_now() as u64;
@@ -403,9 +434,7 @@ async fn simulate(
                 url: config.redis_url.clone(),
                 keys: config.keys.clone(),
             },
-            Viewer::Broker {
-                endpoint: endpoint.clone(),
-            },
+            Viewer::Broker { endpoint: bus },
         ),
     };
     assigner.check(&viewer).context("--orders-api")?;

@@ -1,6 +1,7 @@
-//! The embedded broker with logins and TLS: couriers log in with their device token under their
-//! own id, workers with a service token, nobody without; the TLS listener carries the same
-//! traffic, checked against a throwaway certificate.
+//! The embedded bus broker with logins and TLS: workers log in with a service token, nobody
+//! else, not even a courier with his valid device token (couriers log in at the edge:
+//! tests/edge_security.rs); the TLS listener carries the same traffic, checked against a
+//! throwaway certificate.
 
 mod support;
 
@@ -8,7 +9,6 @@ use courier_auth::{Claims, Keyring};
 use courier_pipeline::broker::{self, TlsListener};
 use courier_wire::{loc_topic, Keys, MqttEndpoint};
 use rumqttc::{AsyncClient, Event, Packet};
-use std::process::Command;
 use std::time::Duration;
 use support::*;
 
@@ -87,8 +87,13 @@ async fn logins_are_checked_and_tls_carries_points() {
         "forged token admitted"
     );
     assert!(
-        admitted(&login(&plain_ep, "c7", &courier)).await,
-        "c7 refused"
+        !admitted(&login(&plain_ep, "c7", &courier)).await,
+        "a courier's valid token admitted to the bus"
+    );
+    let edge_svc = keys.sign(&Claims::service("edge", now(), 600));
+    assert!(
+        admitted(&login(&plain_ep, "svc-edge", &edge_svc)).await,
+        "a service token refused"
     );
 
     // Over TLS: the courier publishes, an ingest worker with a service token (also over TLS)
@@ -99,14 +104,15 @@ async fn logins_are_checked_and_tls_carries_points() {
         ..MqttEndpoint::new("127.0.0.1", tls.port())
     };
     assert!(
-        admitted(&login(&tls_ep, "c7", &courier)).await,
-        "c7 refused over TLS"
+        admitted(&login(&tls_ep, "svc-edge", &edge_svc)).await,
+        "service refused over TLS"
     );
     let prefix_keys = Keys::with_prefix(&prefix());
     let service = keys.sign(&Claims::service("ingest", now(), 600));
     let worker = TestBroker::external_view(login(&tls_ep, "svc-ingest", &service));
     let ing = start_ingest(&worker, test_ingest_config(), prefix_keys.clone()).await;
-    let (phone, _h) = client(&login(&tls_ep, "c7", &courier), None).await;
+    // The edge's own bus connection carries the courier's point.
+    let (phone, _h) = client(&login(&tls_ep, "svc-edge", &edge_svc), None).await;
     publish(
         &phone,
         &loc_topic("c7"),
@@ -135,55 +141,8 @@ async fn logins_are_checked_and_tls_carries_points() {
         ca_pem: Some(std::fs::read(other_ca).unwrap()),
         ..tls_ep.clone()
     };
-    assert!(!admitted(&login(&untrusting, "c7", &courier)).await);
+    assert!(!admitted(&login(&untrusting, "svc-edge", &edge_svc)).await);
     ing.stop().await;
     cleanup(&prefix_keys).await;
     let _ = std::fs::remove_dir_all(dir);
-}
-
-/// `courier-pipeline token courier` mints what the broker admits, for that courier only; after a
-/// key rotation (new key first, old key still listed) the old token still works.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cli_minted_courier_tokens_log_in_and_survive_rotation() {
-    const BIN: &str = env!("CARGO_BIN_EXE_courier-pipeline");
-    let mint = |keys: &str, id: &str| {
-        let out = Command::new(BIN)
-            .args(["token", "courier", "--id", id, "--ttl", "10m"])
-            .env("AUTH_KEYS", keys)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
-    };
-    let old = mint("k1:first-key-of-this-test-0123456", "c9");
-    let rotated = "k2:second-key-of-this-test-012345,k1:first-key-of-this-test-0123456";
-    let new = mint(rotated, "c9");
-    assert!(new.starts_with("v1.k2."));
-    let plain = free_addr();
-    let mut config = broker::load_config(None, plain).unwrap();
-    broker::secure(&mut config, None, Some(Keyring::parse(rotated).unwrap())).unwrap();
-    broker::start(config, plain).unwrap();
-    let ep = MqttEndpoint::new("127.0.0.1", plain.port());
-    assert!(
-        admitted(&login(&ep, "c9", &old)).await,
-        "token of the previous key refused"
-    );
-    assert!(
-        admitted(&login(&ep, "c9", &new)).await,
-        "token of the new key refused"
-    );
-    assert!(
-        !admitted(&login(&ep, "c10", &new)).await,
-        "c9's token admitted as c10"
-    );
-    let out = Command::new(BIN)
-        .args(["token", "courier", "--id", "c9"])
-        .env_remove("AUTH_KEYS")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
 }

@@ -13,15 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
-use tokio_tungstenite::tungstenite::http::{header, HeaderValue, StatusCode};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-
-/// WebSocket path of the gateway.
-pub const PATH: &str = "/mqtt";
-/// The WebSocket subprotocol MQTT clients ask for.
-pub const SUBPROTOCOL: &str = "mqtt";
 
 /// What every session of one process shares.
 pub(crate) struct Gateway {
@@ -88,76 +81,4 @@ pub(crate) async fn serve(
         );
     }
     Ok(())
-}
-
-/// The WebSocket handshake check: path `/mqtt`, subprotocol `mqtt` offered (and chosen). The
-/// large error type is tungstenite's callback signature.
-#[allow(clippy::result_large_err)]
-pub(crate) fn check_upgrade(req: &Request, mut resp: Response) -> Result<Response, ErrorResponse> {
-    let refuse = |status: StatusCode, why: &str| {
-        let mut r = ErrorResponse::new(Some(why.to_string()));
-        *r.status_mut() = status;
-        r
-    };
-    if req.uri().path() != PATH {
-        return Err(refuse(
-            StatusCode::NOT_FOUND,
-            "not found: the gateway is on /mqtt",
-        ));
-    }
-    let offers_mqtt = req
-        .headers()
-        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|p| p.trim().eq_ignore_ascii_case(SUBPROTOCOL));
-    if !offers_mqtt {
-        return Err(refuse(
-            StatusCode::BAD_REQUEST,
-            "the WebSocket subprotocol must be mqtt",
-        ));
-    }
-    resp.headers_mut().insert(
-        header::SEC_WEBSOCKET_PROTOCOL,
-        HeaderValue::from_static(SUBPROTOCOL),
-    );
-    Ok(resp)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn req(path: &str, proto: Option<&str>) -> Request {
-        let mut b = Request::builder().uri(path);
-        if let Some(p) = proto {
-            b = b.header(header::SEC_WEBSOCKET_PROTOCOL, p);
-        }
-        b.body(()).unwrap()
-    }
-
-    #[test]
-    fn upgrade_needs_the_path_and_the_mqtt_subprotocol() {
-        let ok = check_upgrade(&req("/mqtt", Some("mqttv3.1, mqtt")), Response::new(())).unwrap();
-        assert_eq!(ok.headers()[header::SEC_WEBSOCKET_PROTOCOL], "mqtt");
-        assert_eq!(
-            check_upgrade(&req("/", Some("mqtt")), Response::new(()))
-                .unwrap_err()
-                .status(),
-            StatusCode::NOT_FOUND
-        );
-        assert_eq!(
-            check_upgrade(&req("/mqtt", None), Response::new(()))
-                .unwrap_err()
-                .status(),
-            StatusCode::BAD_REQUEST
-        );
-        assert_eq!(
-            check_upgrade(&req("/mqtt", Some("chat")), Response::new(()))
-                .unwrap_err()
-                .status(),
-            StatusCode::BAD_REQUEST
-        );
-    }
 }

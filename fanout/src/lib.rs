@@ -15,7 +15,6 @@
 //! (MQTT, Redis pub/sub), `gateway` + `session` (WebSocket), `orders` (HTTP + Redis).
 
 pub mod authz;
-pub mod codec;
 pub mod config;
 pub mod error;
 pub mod events;
@@ -27,9 +26,10 @@ mod session;
 mod source;
 
 pub use config::FanoutConfig;
+pub use edge::codec;
+pub use edge::transport::{PATH, SUBPROTOCOL};
 pub use error::FanoutError;
 pub use events::{Refusal, Stats};
-pub use gateway::{PATH, SUBPROTOCOL};
 
 use courier_auth::Keyring;
 use courier_wire::{Keys, MqttEndpoint};
@@ -79,7 +79,7 @@ impl Fanout {
             .set_response_timeout(Some(Duration::from_secs(2)))
             .set_number_of_retries(2);
         let redis = redis::aio::ConnectionManager::new_with_config(client, rc).await?;
-        let nofile = raise_nofile_limit();
+        let nofile = edge::raise_nofile_limit();
         if nofile < self.config.max_viewers as u64 + 64 {
             tracing::warn!(
                 nofile,
@@ -169,31 +169,5 @@ impl Prepared {
         let served = gateway::serve(gw, listener, shutdown).await;
         tasks.wait().await;
         served
-    }
-}
-
-/// Raises the soft open-file limit to the hard one (each viewer is a socket); returns the
-/// limit in force.
-#[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every platform
-pub fn raise_nofile_limit() -> u64 {
-    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
-    unsafe {
-        let mut l = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
-            return 0;
-        }
-        if l.rlim_cur < l.rlim_max {
-            let want = libc::rlimit {
-                rlim_cur: l.rlim_max,
-                rlim_max: l.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
-                l = want;
-            }
-        }
-        l.rlim_cur as u64
     }
 }

@@ -300,7 +300,7 @@ async fn token_inner(
         "expires_at": exp,
         "topic": courier_wire::track_topic(order),
         "ws_url": api.ws_url,
-        "subprotocol": crate::gateway::SUBPROTOCOL,
+        "subprotocol": crate::SUBPROTOCOL,
         "viewer": viewer,
     }))
     .into_response())

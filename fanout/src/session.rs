@@ -6,18 +6,18 @@
 use crate::authz::{self, Grant};
 use crate::codec::{self, CloseReason, ConnectOutcome, Inbound, Version};
 use crate::events::Refusal;
-use crate::gateway::{check_upgrade, Gateway};
+use crate::gateway::Gateway;
 use crate::hub::Viewer;
 use crate::queue::Pacer;
 use bytes::{Bytes, BytesMut};
 use courier_wire::clock::unix_now;
+use edge::transport::{check_upgrade, ws_config};
 use futures_util::{SinkExt, StreamExt};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::{sleep_until, timeout, Instant};
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 use tokio_util::sync::CancellationToken;
@@ -26,15 +26,6 @@ type Ws = WebSocketStream<TcpStream>;
 
 /// How long the goodbye (DISCONNECT, close frame) may take before the socket is dropped.
 const GOODBYE: Duration = Duration::from_millis(200);
-
-fn ws_config(max_packet: usize) -> WebSocketConfig {
-    // Small buffers: a gateway holds tens of thousands of mostly idle viewers.
-    WebSocketConfig::default()
-        .read_buffer_size(4096)
-        .write_buffer_size(0)
-        .max_message_size(Some(max_packet * 2))
-        .max_frame_size(Some(max_packet * 2))
-}
 
 pub(crate) async fn run(gw: Arc<Gateway>, stream: TcpStream, shutdown: CancellationToken) {
     let (_slot, has_room) = gw.slot();
@@ -59,6 +50,7 @@ pub(crate) async fn run(gw: Arc<Gateway>, stream: TcpStream, shutdown: Cancellat
             version,
             keep_alive,
             password,
+            ..
         }))) => (version, keep_alive, password),
         Ok(Ok(None)) => return,
         Ok(_) => return gw.metrics.refused(&gw.stats, Refusal::Protocol),
@@ -398,8 +390,8 @@ impl Session<'_> {
                     let pong = codec::pingresp(self.version);
                     self.write([pong], shutdown).await?;
                 }
-                Inbound::Disconnect => return Err(Cut::Gone),
-                Inbound::Publish => {
+                Inbound::Disconnect { .. } => return Err(Cut::Gone),
+                Inbound::Publish(_) => {
                     self.gw.metrics.refused(&self.gw.stats, Refusal::Publish);
                     return Err(Cut::End(CloseReason::NotAuthorized));
                 }

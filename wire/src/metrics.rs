@@ -52,6 +52,25 @@ pub const FANOUT_ORDER_EVENTS: &str = "fanout_order_events_total";
 /// Counter: `track/+` messages the gateway's source received.
 pub const FANOUT_TRACKS_RECEIVED: &str = "fanout_tracks_received_total";
 
+/// Gauge: phones logged in to this edge process (CONNECT accepted, not yet gone).
+pub const EDGE_CONNECTIONS: &str = "edge_connections";
+/// Counter, label `transport`: tcp | tls | ws. Phone logins the edge accepted.
+pub const EDGE_LOGINS: &str = "edge_logins_total";
+/// Counter, label `reason`: one of `edge::Refusal::reason` (bad_token, expired_token,
+/// wrong_courier, will, topic, retain, qos, subscribe, protocol, too_large, timeout, full, tls,
+/// websocket). Refused logins, packets and connections.
+pub const EDGE_REFUSALS: &str = "edge_refusals_total";
+/// Counter, label `result`: forwarded | rate_limited | queue_full. PUBLISH packets of phones
+/// that the courier policy allowed: handed to the bus, over the courier's rate, or dropped
+/// because the bounded queue to the bus was full.
+pub const EDGE_MESSAGES: &str = "edge_messages_total";
+/// Counter: Last Wills the edge published for phones gone without DISCONNECT (or expired).
+pub const EDGE_WILLS: &str = "edge_wills_published_total";
+/// Counter: logins that took over an open connection of the same courier.
+pub const EDGE_TAKEOVERS: &str = "edge_takeovers_total";
+/// Gauge: messages waiting in the edge's queue to the bus.
+pub const EDGE_QUEUE_DEPTH: &str = "edge_queue_depth";
+
 /// Counter: messages the history source received on `couriers/+/loc`.
 pub const HISTORY_ROWS_RECEIVED: &str = "history_rows_received_total";
 /// Counter: rows committed to `courier_points`.
@@ -113,6 +132,13 @@ pub const ALL: &[&str] = &[
     FANOUT_POINTS_DROPPED,
     FANOUT_ORDER_EVENTS,
     FANOUT_TRACKS_RECEIVED,
+    EDGE_CONNECTIONS,
+    EDGE_LOGINS,
+    EDGE_REFUSALS,
+    EDGE_MESSAGES,
+    EDGE_WILLS,
+    EDGE_TAKEOVERS,
+    EDGE_QUEUE_DEPTH,
     HISTORY_ROWS_RECEIVED,
     HISTORY_ROWS_WRITTEN,
     HISTORY_ROWS_DROPPED,

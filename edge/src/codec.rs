@@ -1,15 +1,16 @@
-//! The MQTT side of a viewer connection, on rumqttc's maintained packet codecs
-//! (`rumqttc::mqttbytes::v4` for MQTT 3.1.1, `rumqttc::v5::mqttbytes::v5` for MQTT 5): both
-//! read and write every packet a server needs. Written here by hand, and only because no crate
-//! function does it: telling 3.1.1 from 5 before decoding the CONNECT (a peek at the protocol
-//! level byte), and the MQTT 5 DISCONNECT without a reason code (remaining length 0, which the
-//! v5 `Packet::read` refuses although the spec allows it).
+//! MQTT packets of the edge's connections (couriers' phones, customers' viewers), on rumqttc's
+//! maintained packet codecs (`rumqttc::mqttbytes::v4` for MQTT 3.1.1, `rumqttc::v5::mqttbytes::v5`
+//! for MQTT 5): both read and write every packet a server needs. Written here by hand, and only
+//! because no crate function does it: telling 3.1.1 from 5 before decoding the CONNECT (a peek at
+//! the protocol level byte), the MQTT 5 DISCONNECT without a reason code (remaining length 0,
+//! which the v5 `Packet::read` refuses although the spec allows it), and the size check of a
+//! packet from its fixed header before its body has arrived ([`announced_len`]).
 
 use bytes::{Bytes, BytesMut};
 use rumqttc::mqttbytes::{self as b4, v4};
 use rumqttc::v5::mqttbytes::{self as b5, v5};
 
-/// The protocol a viewer speaks, fixed by its CONNECT.
+/// The protocol a client speaks, fixed by its CONNECT.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Version {
     /// MQTT 3.1.1 (protocol level 4).
@@ -18,13 +19,37 @@ pub enum Version {
     V5,
 }
 
-/// What a viewer sent, reduced to what the gateway acts on.
+/// A Last Will as the client asked for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Will {
+    pub topic: String,
+    pub payload: Bytes,
+    pub qos: u8,
+    pub retain: bool,
+}
+
+/// A PUBLISH as the client sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Publish {
+    pub topic: String,
+    pub payload: Bytes,
+    pub qos: u8,
+    pub retain: bool,
+    pub pkid: u16,
+    /// MQTT 5 topic alias (never granted: the CONNACK offers none).
+    pub topic_alias: bool,
+}
+
+/// What a client sent, reduced to what the edge acts on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Inbound {
     Connect {
         version: Version,
         keep_alive: u16,
+        client_id: String,
+        username: Option<String>,
         password: Option<String>,
+        will: Option<Will>,
     },
     Subscribe {
         pkid: u16,
@@ -35,10 +60,12 @@ pub enum Inbound {
         filters: Vec<String>,
     },
     PingReq,
-    Disconnect,
-    /// A viewer never publishes: it is disconnected.
-    Publish,
-    /// A second CONNECT, an acknowledgement of something never sent, AUTH: a protocol error.
+    /// DISCONNECT; `with_will` for MQTT 5 reason 0x04 (publish the Will anyway).
+    Disconnect {
+        with_will: bool,
+    },
+    Publish(Publish),
+    /// An acknowledgement of something never sent, AUTH, a second CONNECT: a protocol error.
     Unexpected,
 }
 
@@ -53,6 +80,23 @@ pub enum DecodeError {
     Malformed(String),
     #[error("packet larger than {0} bytes")]
     TooLarge(usize),
+}
+
+/// The whole size (fixed header included) of the packet at the start of `buf`, read from its
+/// fixed header: `Ok(None)` while the header is incomplete. Lets a reader refuse an oversize
+/// packet before buffering its body.
+pub fn announced_len(buf: &[u8]) -> Result<Option<usize>, DecodeError> {
+    let mut len = 0usize;
+    for i in 0..4 {
+        let Some(&b) = buf.get(1 + i) else {
+            return Ok(None);
+        };
+        len |= ((b & 0x7F) as usize) << (7 * i);
+        if b & 0x80 == 0 {
+            return Ok(Some(1 + (i + 1) + len));
+        }
+    }
+    Err(DecodeError::Malformed("remaining length".into()))
 }
 
 /// The protocol level of a CONNECT at the start of `buf`: `Ok(None)` while incomplete.
@@ -95,6 +139,9 @@ pub fn decode(
     if buf.is_empty() {
         return Ok(None);
     }
+    if announced_len(buf)?.is_some_and(|n| n > max) {
+        return Err(DecodeError::TooLarge(max));
+    }
     let version = match version {
         Some(v) => v,
         None => match connect_level(buf)? {
@@ -114,7 +161,7 @@ pub fn decode(
         Version::V5 => {
             if buf.len() >= 2 && buf[0] == 0xE0 && buf[1] == 0 {
                 let _ = buf.split_to(2);
-                return Ok(Some(Inbound::Disconnect));
+                return Ok(Some(Inbound::Disconnect { with_will: false }));
             }
             match v5::Packet::read(buf, Some(max as u32)) {
                 Ok(p) => Ok(Some(from_v5(p))),
@@ -126,17 +173,39 @@ pub fn decode(
     }
 }
 
-fn password(p: String) -> Option<String> {
+fn nonempty(p: String) -> Option<String> {
     (!p.is_empty()).then_some(p)
+}
+
+fn qos4(q: b4::QoS) -> u8 {
+    q as u8
+}
+
+fn qos5(q: b5::QoS) -> u8 {
+    q as u8
 }
 
 fn from_v4(p: v4::Packet) -> Inbound {
     match p {
-        v4::Packet::Connect(c) if c.protocol == b4::Protocol::V4 => Inbound::Connect {
-            version: Version::V4,
-            keep_alive: c.keep_alive,
-            password: c.login.and_then(|l| password(l.password)),
-        },
+        v4::Packet::Connect(c) if c.protocol == b4::Protocol::V4 => {
+            let (username, password) = match c.login {
+                Some(l) => (nonempty(l.username), nonempty(l.password)),
+                None => (None, None),
+            };
+            Inbound::Connect {
+                version: Version::V4,
+                keep_alive: c.keep_alive,
+                client_id: c.client_id,
+                username,
+                password,
+                will: c.last_will.map(|w| Will {
+                    topic: w.topic,
+                    payload: w.message,
+                    qos: qos4(w.qos),
+                    retain: w.retain,
+                }),
+            }
+        }
         v4::Packet::Subscribe(s) => Inbound::Subscribe {
             pkid: s.pkid,
             filters: s.filters.into_iter().map(|f| f.path).collect(),
@@ -146,19 +215,40 @@ fn from_v4(p: v4::Packet) -> Inbound {
             filters: u.topics,
         },
         v4::Packet::PingReq => Inbound::PingReq,
-        v4::Packet::Disconnect => Inbound::Disconnect,
-        v4::Packet::Publish(_) => Inbound::Publish,
+        v4::Packet::Disconnect => Inbound::Disconnect { with_will: false },
+        v4::Packet::Publish(p) => Inbound::Publish(Publish {
+            topic: p.topic,
+            payload: p.payload,
+            qos: qos4(p.qos),
+            retain: p.retain,
+            pkid: p.pkid,
+            topic_alias: false,
+        }),
         _ => Inbound::Unexpected,
     }
 }
 
 fn from_v5(p: v5::Packet) -> Inbound {
     match p {
-        v5::Packet::Connect(c, _will, login) => Inbound::Connect {
-            version: Version::V5,
-            keep_alive: c.keep_alive,
-            password: login.and_then(|l| password(l.password)),
-        },
+        v5::Packet::Connect(c, will, login) => {
+            let (username, password) = match login {
+                Some(l) => (nonempty(l.username), nonempty(l.password)),
+                None => (None, None),
+            };
+            Inbound::Connect {
+                version: Version::V5,
+                keep_alive: c.keep_alive,
+                client_id: c.client_id,
+                username,
+                password,
+                will: will.map(|w| Will {
+                    topic: String::from_utf8_lossy(&w.topic).into_owned(),
+                    payload: w.message,
+                    qos: qos5(w.qos),
+                    retain: w.retain,
+                }),
+            }
+        }
         v5::Packet::Subscribe(s) => Inbound::Subscribe {
             pkid: s.pkid,
             filters: s.filters.into_iter().map(|f| f.path).collect(),
@@ -168,22 +258,42 @@ fn from_v5(p: v5::Packet) -> Inbound {
             filters: u.filters,
         },
         v5::Packet::PingReq(_) => Inbound::PingReq,
-        v5::Packet::Disconnect(_) => Inbound::Disconnect,
-        v5::Packet::Publish(_) => Inbound::Publish,
+        v5::Packet::Disconnect(d) => Inbound::Disconnect {
+            with_will: d.reason_code == v5::DisconnectReasonCode::DisconnectWithWillMessage,
+        },
+        v5::Packet::Publish(p) => Inbound::Publish(Publish {
+            topic: String::from_utf8_lossy(&p.topic).into_owned(),
+            payload: p.payload,
+            qos: qos5(p.qos),
+            retain: p.retain,
+            pkid: p.pkid,
+            topic_alias: p
+                .properties
+                .as_ref()
+                .is_some_and(|pr| pr.topic_alias.is_some()),
+        }),
         _ => Inbound::Unexpected,
     }
 }
 
-/// Why the gateway closes a connection; MQTT 5 viewers are told in a DISCONNECT.
+/// Why the edge closes a connection; MQTT 5 clients are told in a DISCONNECT.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CloseReason {
-    /// The order ended or the viewer did something its token does not allow (PUBLISH).
+    /// The order ended, or the client did something its token does not allow.
     NotAuthorized,
     /// The token expired: "the maximum connection time authorized has been exceeded".
     TokenExpired,
     ProtocolError,
     KeepAliveTimeout,
     ServerShuttingDown,
+    /// A retained PUBLISH (the CONNACK said retain is not available).
+    RetainNotSupported,
+    /// A QoS 2 PUBLISH (the CONNACK said the maximum QoS is 1).
+    QosNotSupported,
+    /// A packet over the size limit.
+    PacketTooLarge,
+    /// Another connection logged in as the same courier.
+    SessionTakenOver,
 }
 
 fn write4(p: v4::Packet) -> Bytes {
@@ -199,36 +309,79 @@ fn write5(p: v5::Packet) -> Bytes {
     out.freeze()
 }
 
-/// CONNACK: accepted, or refused as not authorized (3.1.1 code 5, MQTT 5 reason 0x87), or as
-/// server unavailable (too many viewers).
+/// How a CONNECT is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectOutcome {
+    Accepted,
+    /// A missing, malformed, forged or expired credential (3.1.1 code 4, MQTT 5 0x86).
+    BadCredentials,
+    /// A valid credential that does not allow this (3.1.1 code 5, MQTT 5 0x87).
+    NotAuthorized,
+    /// The server is full or cannot check now (3.1.1 code 3, MQTT 5 0x89).
+    Busy,
+}
+
+/// What the CONNACK of an accepted MQTT 5 client announces.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest packet the server accepts.
+    pub max_packet: Option<u32>,
+    /// Highest QoS of a PUBLISH the server takes (1 for couriers).
+    pub max_qos: Option<u8>,
+    /// Retained messages are refused.
+    pub no_retain: bool,
+}
+
+/// CONNACK (see [`ConnectOutcome`]); `limits` go into MQTT 5 properties of an accepted one.
 pub fn connack(version: Version, outcome: ConnectOutcome) -> Bytes {
+    connack_with(version, outcome, Limits::default())
+}
+
+/// CONNACK announcing `limits` to an MQTT 5 client.
+pub fn connack_with(version: Version, outcome: ConnectOutcome, limits: Limits) -> Bytes {
     match version {
         Version::V4 => write4(v4::Packet::ConnAck(v4::ConnAck::new(
             match outcome {
                 ConnectOutcome::Accepted => v4::ConnectReturnCode::Success,
+                ConnectOutcome::BadCredentials => v4::ConnectReturnCode::BadUserNamePassword,
                 ConnectOutcome::NotAuthorized => v4::ConnectReturnCode::NotAuthorized,
                 ConnectOutcome::Busy => v4::ConnectReturnCode::ServiceUnavailable,
             },
             false,
         ))),
-        Version::V5 => write5(v5::Packet::ConnAck(v5::ConnAck {
-            session_present: false,
-            code: match outcome {
-                ConnectOutcome::Accepted => v5::ConnectReturnCode::Success,
-                ConnectOutcome::NotAuthorized => v5::ConnectReturnCode::NotAuthorized,
-                ConnectOutcome::Busy => v5::ConnectReturnCode::ServerBusy,
-            },
-            properties: None,
-        })),
+        Version::V5 => {
+            let properties = (outcome == ConnectOutcome::Accepted && limits != Limits::default())
+                .then(|| v5::ConnAckProperties {
+                    max_packet_size: limits.max_packet,
+                    max_qos: limits.max_qos,
+                    retain_available: limits.no_retain.then_some(0),
+                    wildcard_subscription_available: limits.no_retain.then_some(0),
+                    shared_subscription_available: limits.no_retain.then_some(0),
+                    session_expiry_interval: None,
+                    receive_max: None,
+                    assigned_client_identifier: None,
+                    topic_alias_max: None,
+                    reason_string: None,
+                    user_properties: Vec::new(),
+                    subscription_identifiers_available: None,
+                    server_keep_alive: None,
+                    response_information: None,
+                    server_reference: None,
+                    authentication_method: None,
+                    authentication_data: None,
+                });
+            write5(v5::Packet::ConnAck(v5::ConnAck {
+                session_present: false,
+                code: match outcome {
+                    ConnectOutcome::Accepted => v5::ConnectReturnCode::Success,
+                    ConnectOutcome::BadCredentials => v5::ConnectReturnCode::BadUserNamePassword,
+                    ConnectOutcome::NotAuthorized => v5::ConnectReturnCode::NotAuthorized,
+                    ConnectOutcome::Busy => v5::ConnectReturnCode::ServerBusy,
+                },
+                properties,
+            }))
+        }
     }
-}
-
-/// How a CONNECT is answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConnectOutcome {
-    Accepted,
-    NotAuthorized,
-    Busy,
 }
 
 /// SUBACK: one code per filter, granted at QoS 0 or refused (3.1.1 0x80, MQTT 5 0x87).
@@ -276,6 +429,32 @@ pub fn unsuback(version: Version, pkid: u16, n: usize) -> Bytes {
     }
 }
 
+/// How a QoS 1 PUBLISH is acknowledged. MQTT 3.1.1 has no refusal code: its PUBACK says only
+/// "received", and the edge closes the connection instead where MQTT 5 would refuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ack {
+    Taken,
+    NotAuthorized,
+    /// Over the courier's rate: dropped.
+    QuotaExceeded,
+}
+
+/// PUBACK of a QoS 1 PUBLISH.
+pub fn puback(version: Version, pkid: u16, ack: Ack) -> Bytes {
+    match version {
+        Version::V4 => write4(v4::Packet::PubAck(v4::PubAck::new(pkid))),
+        Version::V5 => write5(v5::Packet::PubAck(v5::PubAck {
+            pkid,
+            reason: match ack {
+                Ack::Taken => v5::PubAckReason::Success,
+                Ack::NotAuthorized => v5::PubAckReason::NotAuthorized,
+                Ack::QuotaExceeded => v5::PubAckReason::QuotaExceeded,
+            },
+            properties: None,
+        })),
+    }
+}
+
 pub fn pingresp(version: Version) -> Bytes {
     match version {
         Version::V4 => write4(v4::Packet::PingResp),
@@ -283,26 +462,25 @@ pub fn pingresp(version: Version) -> Bytes {
     }
 }
 
-/// The DISCONNECT an MQTT 5 viewer gets before the gateway closes; 3.1.1 has none (the
-/// server just closes).
+/// The DISCONNECT an MQTT 5 client gets before the edge closes; 3.1.1 has none (the server
+/// just closes).
 pub fn disconnect(version: Version, reason: CloseReason) -> Option<Bytes> {
+    use v5::DisconnectReasonCode as D;
     let (code, why) = match reason {
         CloseReason::NotAuthorized => (
-            v5::DisconnectReasonCode::NotAuthorized,
+            D::NotAuthorized,
             "not authorized: the order ended or the request is not allowed",
         ),
-        CloseReason::TokenExpired => (
-            v5::DisconnectReasonCode::MaximumConnectTime,
-            "tracking token expired",
-        ),
-        CloseReason::ProtocolError => (v5::DisconnectReasonCode::ProtocolError, "protocol error"),
-        CloseReason::KeepAliveTimeout => (
-            v5::DisconnectReasonCode::KeepAliveTimeout,
-            "keep-alive timeout",
-        ),
-        CloseReason::ServerShuttingDown => (
-            v5::DisconnectReasonCode::ServerShuttingDown,
-            "server shutting down",
+        CloseReason::TokenExpired => (D::MaximumConnectTime, "token expired"),
+        CloseReason::ProtocolError => (D::ProtocolError, "protocol error"),
+        CloseReason::KeepAliveTimeout => (D::KeepAliveTimeout, "keep-alive timeout"),
+        CloseReason::ServerShuttingDown => (D::ServerShuttingDown, "server shutting down"),
+        CloseReason::RetainNotSupported => (D::RetainNotSupported, "retain is not available"),
+        CloseReason::QosNotSupported => (D::QoSNotSupported, "QoS 2 is not available"),
+        CloseReason::PacketTooLarge => (D::PacketTooLarge, "packet too large"),
+        CloseReason::SessionTakenOver => (
+            D::SessionTakenOver,
+            "another connection logged in with this id",
         ),
     };
     // With properties present the packet carries a property length, which rumqttc's own v5
@@ -378,7 +556,10 @@ mod tests {
             Inbound::Connect {
                 version: Version::V4,
                 keep_alive: 10,
-                password: Some("tok".into())
+                client_id: "viewer-1".into(),
+                username: Some("customer".into()),
+                password: Some("tok".into()),
+                will: None,
             }
         );
         assert!(b.is_empty());
@@ -389,7 +570,10 @@ mod tests {
             Inbound::Connect {
                 version: Version::V5,
                 keep_alive: 30,
-                password: Some("tok5".into())
+                client_id: "viewer-5".into(),
+                username: Some("customer".into()),
+                password: Some("tok5".into()),
+                will: None,
             }
         );
         let mut b = connect5(None);
@@ -451,9 +635,15 @@ mod tests {
         assert!(
             matches!(decode(v, &mut b, 4096).unwrap(), Some(Inbound::Subscribe { filters, .. }) if filters == ["track/o1", "track/#"])
         );
-        assert_eq!(decode(v, &mut b, 4096).unwrap(), Some(Inbound::Publish));
+        assert!(matches!(
+            decode(v, &mut b, 4096).unwrap(),
+            Some(Inbound::Publish(Publish { ref topic, qos: 0, retain: false, .. })) if topic == "track/o1"
+        ));
         assert_eq!(decode(v, &mut b, 4096).unwrap(), Some(Inbound::PingReq));
-        assert_eq!(decode(v, &mut b, 4096).unwrap(), Some(Inbound::Disconnect));
+        assert_eq!(
+            decode(v, &mut b, 4096).unwrap(),
+            Some(Inbound::Disconnect { with_will: false })
+        );
         assert_eq!(decode(v, &mut b, 4096).unwrap(), None);
 
         let mut b = BytesMut::new();
@@ -474,7 +664,10 @@ mod tests {
         assert!(
             matches!(decode(v, &mut b, 4096).unwrap(), Some(Inbound::Unsubscribe { filters, .. }) if filters == ["track/o1"])
         );
-        assert_eq!(decode(v, &mut b, 4096).unwrap(), Some(Inbound::Disconnect));
+        assert_eq!(
+            decode(v, &mut b, 4096).unwrap(),
+            Some(Inbound::Disconnect { with_will: false })
+        );
     }
 
     #[test]

@@ -1,0 +1,119 @@
+//! Who is connected, by courier id: one session per courier (a new login takes over the old
+//! one, whose Will is NOT published: it would say `offline` after the new `online`), and the
+//! courier's rate-limit bucket, which survives a reconnect so that reconnecting does not refill it.
+//! Sharded mutexes: a lookup per point at tens of thousands of points a second.
+
+use crate::policy::{Bucket, Rate};
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex};
+use tokio::sync::Notify;
+
+const SHARDS: usize = 64;
+
+struct Entry {
+    conn: u64,
+    kick: Arc<Notify>,
+    bucket: Bucket,
+}
+
+pub(crate) struct Registry {
+    hasher: RandomState,
+    shards: Box<[Mutex<HashMap<Box<str>, Entry>>]>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+        }
+    }
+}
+
+impl Registry {
+    fn shard(&self, courier: &str) -> std::sync::MutexGuard<'_, HashMap<Box<str>, Entry>> {
+        let i = self.hasher.hash_one(courier) as usize % SHARDS;
+        // A panic while holding a shard lock cannot leave an entry half-written: recover.
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers connection `conn` as `courier`'s; returns `true` when it took over another
+    /// connection (which is told through its `kick`).
+    pub fn claim(&self, courier: &str, conn: u64, kick: Arc<Notify>, rate: Rate, now: f64) -> bool {
+        let mut shard = self.shard(courier);
+        match shard.get_mut(courier) {
+            Some(e) => {
+                e.kick.notify_one();
+                e.conn = conn;
+                e.kick = kick;
+                true
+            }
+            None => {
+                shard.insert(
+                    courier.into(),
+                    Entry {
+                        conn,
+                        kick,
+                        bucket: Bucket::full(rate, now),
+                    },
+                );
+                false
+            }
+        }
+    }
+
+    /// Takes one point from `courier`'s bucket: `false` when empty (or the connection is no
+    /// longer his).
+    pub fn take(&self, courier: &str, conn: u64, rate: Rate, now: f64) -> bool {
+        match self.shard(courier).get_mut(courier) {
+            Some(e) if e.conn == conn => e.bucket.take(rate, now),
+            _ => false,
+        }
+    }
+
+    /// Forgets `courier` if `conn` is still his connection.
+    pub fn release(&self, courier: &str, conn: u64) {
+        let mut shard = self.shard(courier);
+        if shard.get(courier).is_some_and(|e| e.conn == conn) {
+            shard.remove(courier);
+        }
+    }
+
+    /// Couriers connected.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().unwrap().len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RATE: Rate = Rate {
+        per_second: 1.0,
+        burst: 3.0,
+    };
+
+    #[test]
+    fn a_second_login_takes_over_and_keeps_the_bucket() {
+        let r = Registry::default();
+        let (k1, k2) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        assert!(!r.claim("c1", 1, k1.clone(), RATE, 0.0));
+        assert!(r.take("c1", 1, RATE, 0.0));
+        assert!(r.take("c1", 1, RATE, 0.0));
+        assert!(r.claim("c1", 2, k2, RATE, 0.0));
+        // The old connection was told, and may take nothing more.
+        assert!(futures_util::FutureExt::now_or_never(k1.notified()).is_some());
+        assert!(!r.take("c1", 1, RATE, 0.0));
+        // The new one inherits the bucket: one token left, not a fresh three.
+        assert!(r.take("c1", 2, RATE, 0.0));
+        assert!(!r.take("c1", 2, RATE, 0.0));
+        // The old one leaving does not remove the new one.
+        r.release("c1", 1);
+        assert_eq!(r.len(), 1);
+        r.release("c1", 2);
+        assert_eq!(r.len(), 0);
+    }
+}

@@ -1,0 +1,192 @@
+//! The byte streams a phone's MQTT session runs over: TCP, TLS over TCP, and MQTT over
+//! WebSocket (`/mqtt`, subprotocol `mqtt`, for networks that pass only 443). The session reads
+//! and writes bytes; only WebSocket needs adapting (one MQTT packet may span frames, one frame may
+//! carry several packets).
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use std::future::Future;
+use std::io;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::http::{header, HeaderValue, StatusCode};
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+/// WebSocket path of MQTT over WebSocket.
+pub const PATH: &str = "/mqtt";
+/// The WebSocket subprotocol MQTT clients ask for.
+pub const SUBPROTOCOL: &str = "mqtt";
+
+/// What a session needs of its connection. Reads must be cancel-safe: the session races them
+/// against its timers.
+pub trait Transport: Send {
+    /// Reads what has arrived into `buf`; `Ok(0)` when the peer closed.
+    fn read<'a>(
+        &'a mut self,
+        buf: &'a mut [u8],
+    ) -> impl Future<Output = io::Result<usize>> + Send + 'a;
+    /// Writes one or more whole MQTT packets.
+    fn write<'a>(&'a mut self, data: &'a [u8]) -> impl Future<Output = io::Result<()>> + Send + 'a;
+    /// Closes politely (TLS close_notify, WebSocket close frame).
+    fn close(&mut self) -> impl Future<Output = ()> + Send + '_;
+}
+
+/// A plain byte stream: TCP, or TLS over TCP.
+pub struct Stream<T>(pub T);
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for Stream<T> {
+    fn read<'a>(
+        &'a mut self,
+        buf: &'a mut [u8],
+    ) -> impl Future<Output = io::Result<usize>> + Send + 'a {
+        self.0.read(buf)
+    }
+
+    fn write<'a>(&'a mut self, data: &'a [u8]) -> impl Future<Output = io::Result<()>> + Send + 'a {
+        async move {
+            self.0.write_all(data).await?;
+            self.0.flush().await
+        }
+    }
+
+    fn close(&mut self) -> impl Future<Output = ()> + Send + '_ {
+        async move {
+            let _ = self.0.shutdown().await;
+        }
+    }
+}
+
+/// MQTT over WebSocket: binary frames carry the MQTT bytes.
+pub struct Ws<S> {
+    ws: WebSocketStream<S>,
+    /// The rest of a frame that did not fit the caller's buffer.
+    pending: Bytes,
+}
+
+impl<S> Ws<S> {
+    pub fn new(ws: WebSocketStream<S>) -> Self {
+        Ws {
+            ws,
+            pending: Bytes::new(),
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> Transport for Ws<S> {
+    fn read<'a>(
+        &'a mut self,
+        buf: &'a mut [u8],
+    ) -> impl Future<Output = io::Result<usize>> + Send + 'a {
+        async move {
+            loop {
+                if !self.pending.is_empty() {
+                    let n = self.pending.len().min(buf.len());
+                    buf[..n].copy_from_slice(&self.pending.split_to(n));
+                    return Ok(n);
+                }
+                // `next()` is cancel-safe: a frame is either returned or still in the stream.
+                match self.ws.next().await {
+                    Some(Ok(Message::Binary(b))) => self.pending = b,
+                    Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
+                    Some(Ok(Message::Text(_))) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "MQTT over WebSocket is binary",
+                        ))
+                    }
+                    Some(Ok(Message::Close(_))) | None => return Ok(0),
+                    Some(Err(e)) => return Err(io::Error::other(e)),
+                }
+            }
+        }
+    }
+
+    fn write<'a>(&'a mut self, data: &'a [u8]) -> impl Future<Output = io::Result<()>> + Send + 'a {
+        async move {
+            self.ws
+                .send(Message::Binary(Bytes::copy_from_slice(data)))
+                .await
+                .map_err(io::Error::other)
+        }
+    }
+
+    fn close(&mut self) -> impl Future<Output = ()> + Send + '_ {
+        async move {
+            let _ = self.ws.close(None).await;
+        }
+    }
+}
+
+/// Small buffers: an edge holds tens of thousands of mostly idle connections.
+pub fn ws_config(max_packet: usize) -> WebSocketConfig {
+    WebSocketConfig::default()
+        .read_buffer_size(4096)
+        .write_buffer_size(0)
+        .max_message_size(Some(max_packet * 2))
+        .max_frame_size(Some(max_packet * 2))
+}
+
+/// The WebSocket handshake check: path `/mqtt`, subprotocol `mqtt` offered (and chosen). The
+/// large error type is tungstenite's callback signature.
+#[allow(clippy::result_large_err)]
+pub fn check_upgrade(req: &Request, mut resp: Response) -> Result<Response, ErrorResponse> {
+    let refuse = |status: StatusCode, why: &str| {
+        let mut r = ErrorResponse::new(Some(why.to_string()));
+        *r.status_mut() = status;
+        r
+    };
+    if req.uri().path() != PATH {
+        return Err(refuse(StatusCode::NOT_FOUND, "not found: MQTT is on /mqtt"));
+    }
+    let offers_mqtt = req
+        .headers()
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim().eq_ignore_ascii_case(SUBPROTOCOL));
+    if !offers_mqtt {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "the WebSocket subprotocol must be mqtt",
+        ));
+    }
+    resp.headers_mut().insert(
+        header::SEC_WEBSOCKET_PROTOCOL,
+        HeaderValue::from_static(SUBPROTOCOL),
+    );
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(path: &str, proto: Option<&str>) -> Request {
+        let mut b = Request::builder().uri(path);
+        if let Some(p) = proto {
+            b = b.header(header::SEC_WEBSOCKET_PROTOCOL, p);
+        }
+        b.body(()).unwrap()
+    }
+
+    #[test]
+    fn upgrade_needs_the_path_and_the_mqtt_subprotocol() {
+        let ok = check_upgrade(&req("/mqtt", Some("mqttv3.1, mqtt")), Response::new(())).unwrap();
+        assert_eq!(ok.headers()[header::SEC_WEBSOCKET_PROTOCOL], "mqtt");
+        for (path, proto, status) in [
+            ("/", Some("mqtt"), StatusCode::NOT_FOUND),
+            ("/mqtt", None, StatusCode::BAD_REQUEST),
+            ("/mqtt", Some("chat"), StatusCode::BAD_REQUEST),
+        ] {
+            assert_eq!(
+                check_upgrade(&req(path, proto), Response::new(()))
+                    .unwrap_err()
+                    .status(),
+                status
+            );
+        }
+    }
+}
