@@ -124,25 +124,7 @@ impl Simulator {
         let mut rng = SmallRng::seed_from_u64(cfg.seed);
 
         // Phones, their kinds and faults; then the orders.
-        let window = cfg.fault_window();
-        let mut phones: Vec<Phone> = (0..cfg.couriers)
-            .map(|i| {
-                let kind = Kind::of(&cfg.profile, i);
-                let plan = if kind == Kind::OffShift {
-                    faults::Plan::default()
-                } else {
-                    faults::Plan::draw(&cfg.faults, start, window, &mut rng)
-                };
-                Phone::new(
-                    format!("{}{i:05}", cfg.id_prefix),
-                    kind,
-                    plan,
-                    &cfg,
-                    start,
-                    &mut rng,
-                )
-            })
-            .collect();
+        let phones = build_phones(&cfg, start, &mut rng);
         let mut kinds: Vec<(Kind, usize)> = Vec::new();
         for p in &phones {
             match kinds.iter_mut().find(|(k, _)| *k == p.kind) {
@@ -218,10 +200,7 @@ impl Simulator {
             Some(k) => k.min(cfg.couriers),
             None => PHONE_SHARDS.min(cfg.couriers),
         };
-        let mut groups: Vec<Vec<Phone>> = (0..shards).map(|_| Vec::new()).collect();
-        for (i, p) in phones.drain(..).enumerate() {
-            groups[i % shards].push(p);
-        }
+        let groups = deal(phones, shards);
         let started = Instant::now();
         let mut shard_tasks = Vec::new();
         for (k, group) in groups.into_iter().enumerate() {
@@ -331,6 +310,38 @@ impl Simulator {
             per_second,
         })
     }
+}
+
+/// The run's phones, courier `i` at index `i`, with their kinds and faults.
+fn build_phones(cfg: &SimConfig, start: f64, rng: &mut SmallRng) -> Vec<Phone> {
+    let window = cfg.fault_window();
+    (0..cfg.couriers)
+        .map(|i| {
+            let kind = Kind::of(&cfg.profile, i);
+            let plan = if kind == Kind::OffShift {
+                faults::Plan::default()
+            } else {
+                faults::Plan::draw(&cfg.faults, start, window, rng)
+            };
+            Phone::new(
+                format!("{}{i:05}", cfg.id_prefix),
+                kind,
+                plan,
+                cfg,
+                start,
+                rng,
+            )
+        })
+        .collect()
+}
+
+/// Deals the phones over `shards` in turn: courier `i` to shard `i % shards`.
+fn deal(phones: Vec<Phone>, shards: usize) -> Vec<Vec<Phone>> {
+    let mut groups: Vec<Vec<Phone>> = (0..shards).map(|_| Vec::new()).collect();
+    for (i, p) in phones.into_iter().enumerate() {
+        groups[i % shards].push(p);
+    }
+    groups
 }
 
 /// Waits for every shard and gathers the links they still hold.
