@@ -325,6 +325,7 @@ fn build_phones(cfg: &SimConfig, start: f64, rng: &mut SmallRng) -> Vec<Phone> {
             };
             Phone::new(
                 format!("{}{i:05}", cfg.id_prefix),
+                i,
                 kind,
                 plan,
                 cfg,
@@ -556,4 +557,60 @@ async fn apply(
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opener(ports: &[u16]) -> Opener {
+        Opener {
+            endpoints: Arc::new(
+                ports
+                    .iter()
+                    .map(|&p| MqttEndpoint::new("127.0.0.1", p))
+                    .collect(),
+            ),
+            stats: Arc::new(SimStats::default()),
+            permits: Arc::new(Semaphore::new(1)),
+            tasks: TaskTracker::new(),
+            courier_login: None,
+        }
+    }
+
+    #[test]
+    fn per_courier_connections_go_round_robin_over_every_endpoint_across_shards() {
+        let cfg = SimConfig {
+            couriers: 6,
+            connections: None,
+            id_prefix: "c".into(),
+            ..Default::default()
+        };
+        let opener = opener(&[1001, 1002, 1003]);
+        let phones = build_phones(&cfg, 1_764_460_800.0, &mut SmallRng::seed_from_u64(1));
+        let groups = deal(phones, PHONE_SHARDS.min(cfg.couriers));
+        // Four shards: an index within a shard would give 0 0 0 0 1 1, and all phones at 0
+        // was the old bug; only the run's number gives 0 1 2 0 1 2.
+        assert!(groups.len() > 1, "the phones are sharded");
+        let mut ports: Vec<(usize, u16)> = groups
+            .iter()
+            .flatten()
+            .map(|p| {
+                let i: usize = p.id.strip_prefix("c").unwrap().parse().unwrap();
+                (i, opener.endpoint(p.n).port)
+            })
+            .collect();
+        ports.sort();
+        assert_eq!(
+            ports,
+            [
+                (0, 1001),
+                (1, 1002),
+                (2, 1003),
+                (3, 1001),
+                (4, 1002),
+                (5, 1003)
+            ]
+        );
+    }
 }

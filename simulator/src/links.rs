@@ -45,8 +45,9 @@ impl Opener {
         &self.endpoints[n % self.endpoints.len()]
     }
 
-    /// Opens connection number `n` (of this shard: `i`); `will` is the courier whose Last Will
-    /// it carries. `capacity` bounds its request queue.
+    /// Opens connection number `n` (see [`Opener::endpoint`]); `i` only goes into its client
+    /// id. `will` is the courier whose Last Will it carries. `capacity` bounds its request
+    /// queue.
     pub fn open(&self, i: usize, n: usize, will: Option<&str>, capacity: usize) -> Link {
         let endpoint = self.endpoint(n);
         let mut o = courier_wire::mqtt::options(
