@@ -107,16 +107,16 @@ impl Simulator {
         cfg.validate().map_err(SimError::Config)?;
         self.assigner.check(&self.viewer)?;
         let watched_via = (cfg.watchers.orders > 0).then(|| self.viewer.label());
-        if cfg.per_courier() {
-            let want = cfg.couriers as u64 + cfg.watchers.orders as u64 + 1024;
-            let got = limits::raise_nofile(want);
-            if got < want {
-                tracing::warn!(
-                    want,
-                    got,
-                    "open-file limit below one descriptor per courier; some will not connect"
-                );
-            }
+        // Each watcher holds a connection too, so shared mode raises the limit as well.
+        let want =
+            cfg.connections.unwrap_or(cfg.couriers) as u64 + cfg.watchers.orders as u64 + 1024;
+        let got = limits::raise_nofile(want);
+        if got < want {
+            tracing::warn!(
+                want,
+                got,
+                "open-file limit below one descriptor per connection; some will not connect"
+            );
         }
         let stats = self.stats.clone();
         let stop = shutdown.child_token();
