@@ -97,6 +97,60 @@ async fn each_courier_connection_says_online_and_its_will_says_offline_when_the_
     }
 }
 
+/// Two separate brokers, one as `mqtt` and one as `also`: each sees only the couriers whose
+/// connection went to it. A courier's own connection goes to address `i % 2` (seen by his
+/// status); a shared connection, shard `k`'s, to address `k % 2`, carrying couriers `k`,
+/// `k + 3`, ... of three shards (seen by their points).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn courier_connections_spread_over_every_broker_address() {
+    let brokers = [
+        start_broker(BrokerKind::Embedded),
+        start_broker(BrokerKind::Embedded),
+    ];
+    let keys = Keys::with_prefix(&prefix());
+    let couriers = 8;
+    for (connections, filter) in [(None, "couriers/+/status"), (Some(3), "couriers/+/loc")] {
+        let mut subs = Vec::new();
+        for b in &brokers {
+            subs.push(subscriber(&b.endpoint, filter).await);
+        }
+        let id_prefix = unique_prefix();
+        let config = SimConfig {
+            couriers,
+            profile: every(0.25),
+            connections,
+            duration: Some(Duration::from_secs(2)),
+            id_prefix: id_prefix.clone(),
+            ..Default::default()
+        };
+        let mut s = sim(&brokers[0], &keys, config);
+        s.also = vec![brokers[1].endpoint.clone()];
+        let report = s.run(CancellationToken::new(), |_| {}).await.unwrap();
+        assert_eq!(
+            report.connects,
+            connections.unwrap_or(couriers) as u64,
+            "{connections:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for (k, rx) in subs.iter_mut().enumerate() {
+            let mut seen = std::collections::BTreeSet::new();
+            while let Ok(p) = rx.try_recv() {
+                let id = p.topic.split('/').nth(1).unwrap();
+                if let Some(n) = id.strip_prefix(&id_prefix) {
+                    seen.insert(n.parse::<usize>().unwrap());
+                }
+            }
+            let want: std::collections::BTreeSet<usize> = (0..couriers)
+                .filter(|i| match connections {
+                    None => i % 2 == k,
+                    Some(shards) => (i % shards) % 2 == k,
+                })
+                .collect();
+            assert_eq!(seen, want, "{connections:?}: broker {k}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchers_measure_the_phone_to_viewer_delay_through_ingest() {
     let broker = start_broker(BrokerKind::Embedded);

@@ -107,16 +107,16 @@ impl Simulator {
         cfg.validate().map_err(SimError::Config)?;
         self.assigner.check(&self.viewer)?;
         let watched_via = (cfg.watchers.orders > 0).then(|| self.viewer.label());
-        if cfg.per_courier() {
-            let want = cfg.couriers as u64 + cfg.watchers.orders as u64 + 1024;
-            let got = limits::raise_nofile(want);
-            if got < want {
-                tracing::warn!(
-                    want,
-                    got,
-                    "open-file limit below one descriptor per courier; some will not connect"
-                );
-            }
+        // Each watcher holds a connection too, so shared mode raises the limit as well.
+        let want =
+            cfg.connections.unwrap_or(cfg.couriers) as u64 + cfg.watchers.orders as u64 + 1024;
+        let got = limits::raise_nofile(want);
+        if got < want {
+            tracing::warn!(
+                want,
+                got,
+                "open-file limit below one descriptor per connection; some will not connect"
+            );
         }
         let stats = self.stats.clone();
         let stop = shutdown.child_token();
@@ -124,25 +124,7 @@ impl Simulator {
         let mut rng = SmallRng::seed_from_u64(cfg.seed);
 
         // Phones, their kinds and faults; then the orders.
-        let window = cfg.fault_window();
-        let mut phones: Vec<Phone> = (0..cfg.couriers)
-            .map(|i| {
-                let kind = Kind::of(&cfg.profile, i);
-                let plan = if kind == Kind::OffShift {
-                    faults::Plan::default()
-                } else {
-                    faults::Plan::draw(&cfg.faults, start, window, &mut rng)
-                };
-                Phone::new(
-                    format!("{}{i:05}", cfg.id_prefix),
-                    kind,
-                    plan,
-                    &cfg,
-                    start,
-                    &mut rng,
-                )
-            })
-            .collect();
+        let phones = build_phones(&cfg, start, &mut rng);
         let mut kinds: Vec<(Kind, usize)> = Vec::new();
         for p in &phones {
             match kinds.iter_mut().find(|(k, _)| *k == p.kind) {
@@ -218,10 +200,7 @@ impl Simulator {
             Some(k) => k.min(cfg.couriers),
             None => PHONE_SHARDS.min(cfg.couriers),
         };
-        let mut groups: Vec<Vec<Phone>> = (0..shards).map(|_| Vec::new()).collect();
-        for (i, p) in phones.drain(..).enumerate() {
-            groups[i % shards].push(p);
-        }
+        let groups = deal(phones, shards);
         let started = Instant::now();
         let mut shard_tasks = Vec::new();
         for (k, group) in groups.into_iter().enumerate() {
@@ -331,6 +310,39 @@ impl Simulator {
             per_second,
         })
     }
+}
+
+/// The run's phones, courier `i` at index `i`, with their kinds and faults.
+fn build_phones(cfg: &SimConfig, start: f64, rng: &mut SmallRng) -> Vec<Phone> {
+    let window = cfg.fault_window();
+    (0..cfg.couriers)
+        .map(|i| {
+            let kind = Kind::of(&cfg.profile, i);
+            let plan = if kind == Kind::OffShift {
+                faults::Plan::default()
+            } else {
+                faults::Plan::draw(&cfg.faults, start, window, rng)
+            };
+            Phone::new(
+                format!("{}{i:05}", cfg.id_prefix),
+                i,
+                kind,
+                plan,
+                cfg,
+                start,
+                rng,
+            )
+        })
+        .collect()
+}
+
+/// Deals the phones over `shards` in turn: courier `i` to shard `i % shards`.
+fn deal(phones: Vec<Phone>, shards: usize) -> Vec<Vec<Phone>> {
+    let mut groups: Vec<Vec<Phone>> = (0..shards).map(|_| Vec::new()).collect();
+    for (i, p) in phones.into_iter().enumerate() {
+        groups[i % shards].push(p);
+    }
+    groups
 }
 
 /// Waits for every shard and gathers the links they still hold.
@@ -545,4 +557,60 @@ async fn apply(
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opener(ports: &[u16]) -> Opener {
+        Opener {
+            endpoints: Arc::new(
+                ports
+                    .iter()
+                    .map(|&p| MqttEndpoint::new("127.0.0.1", p))
+                    .collect(),
+            ),
+            stats: Arc::new(SimStats::default()),
+            permits: Arc::new(Semaphore::new(1)),
+            tasks: TaskTracker::new(),
+            courier_login: None,
+        }
+    }
+
+    #[test]
+    fn per_courier_connections_go_round_robin_over_every_endpoint_across_shards() {
+        let cfg = SimConfig {
+            couriers: 6,
+            connections: None,
+            id_prefix: "c".into(),
+            ..Default::default()
+        };
+        let opener = opener(&[1001, 1002, 1003]);
+        let phones = build_phones(&cfg, 1_764_460_800.0, &mut SmallRng::seed_from_u64(1));
+        let groups = deal(phones, PHONE_SHARDS.min(cfg.couriers));
+        // Four shards: an index within a shard would give 0 0 0 0 1 1, and all phones at 0
+        // was the old bug; only the run's number gives 0 1 2 0 1 2.
+        assert!(groups.len() > 1, "the phones are sharded");
+        let mut ports: Vec<(usize, u16)> = groups
+            .iter()
+            .flatten()
+            .map(|p| {
+                let i: usize = p.id.strip_prefix("c").unwrap().parse().unwrap();
+                (i, opener.endpoint(p.n).port)
+            })
+            .collect();
+        ports.sort();
+        assert_eq!(
+            ports,
+            [
+                (0, 1001),
+                (1, 1002),
+                (2, 1003),
+                (3, 1001),
+                (4, 1002),
+                (5, 1003)
+            ]
+        );
+    }
 }

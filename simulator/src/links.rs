@@ -40,10 +40,16 @@ pub struct Opener {
 pub type CourierLogin = Arc<dyn Fn(&str) -> String + Send + Sync>;
 
 impl Opener {
-    /// Opens connection number `n` (of this shard: `i`); `will` is the courier whose Last Will
-    /// it carries. `capacity` bounds its request queue.
+    /// The address connection `n` goes to.
+    pub fn endpoint(&self, n: usize) -> &MqttEndpoint {
+        &self.endpoints[n % self.endpoints.len()]
+    }
+
+    /// Opens connection number `n` (see [`Opener::endpoint`]); `i` only goes into its client
+    /// id. `will` is the courier whose Last Will it carries. `capacity` bounds its request
+    /// queue.
     pub fn open(&self, i: usize, n: usize, will: Option<&str>, capacity: usize) -> Link {
-        let endpoint = &self.endpoints[n % self.endpoints.len()];
+        let endpoint = self.endpoint(n);
         let mut o = courier_wire::mqtt::options(
             endpoint,
             &courier_wire::mqtt::client_id("sim", i),

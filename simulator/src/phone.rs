@@ -98,7 +98,9 @@ impl Counts {
 #[derive(Debug, Clone)]
 pub struct Phone {
     pub id: String,
-    /// Number of the courier in the run (spreads connections over broker addresses).
+    /// Number of the courier in the run: his connection goes to address `n % addresses`. The
+    /// run's number rather than an index within a shard, so the spread does not depend on
+    /// how phones are dealt to shards.
     pub n: usize,
     pub kind: Kind,
     pub plan: Plan,
@@ -113,8 +115,10 @@ pub struct Phone {
 }
 
 impl Phone {
+    /// The phone of courier number `n` of the run, placed at random in the box at `now`.
     pub fn new(
         id: String,
+        n: usize,
         kind: Kind,
         plan: Plan,
         cfg: &SimConfig,
@@ -129,7 +133,7 @@ impl Phone {
         };
         Phone {
             id,
-            n: 0,
+            n,
             kind,
             plan,
             motion,
@@ -387,6 +391,7 @@ mod tests {
     fn phone(cfg: &SimConfig, kind: Kind, plan: Plan) -> Phone {
         Phone::new(
             "c00001".into(),
+            1,
             kind,
             plan,
             cfg,
