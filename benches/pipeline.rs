@@ -236,7 +236,9 @@ fn main() {
                 let mut c = Command::new(BIN);
                 c.arg("run")
                     .env_remove("MQTT_URL")
-                    .env("MQTT_LISTEN", mqtt.to_string());
+                    .env("MQTT_LISTEN", mqtt.to_string())
+                    // Shared simulator connections go to the bus; no phone uses the edge here.
+                    .env("EDGE_LISTEN", "off");
                 common(&mut c);
                 procs.push(spawn("run", &mut c, &dir.join("run.log")));
             }

@@ -110,7 +110,13 @@ pub async fn run(
 
     // The edge binds first: a port in use is a start-up error before anything else runs.
     let edge_stats = Arc::new(edge::Stats::default());
+    let no_listener =
+        config.edge.tcp.is_empty() && config.edge.tls.is_empty() && config.edge.ws.is_empty();
     let mut phones = match (role, &config.auth) {
+        (Role::All, _) if no_listener => {
+            tracing::info!("edge not started: EDGE_LISTEN is off");
+            None
+        }
         (Role::All | Role::Edge, Some(keys)) => Some(
             edge::Edge {
                 settings: config.edge.clone(),

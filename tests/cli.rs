@@ -20,7 +20,7 @@ fn help_lists_the_roles() {
     let out = Command::new(BIN).arg("--help").output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    for cmd in ["run", "ingest", "broker", "simulate"] {
+    for cmd in ["run", "ingest", "broker", "edge", "simulate"] {
         assert!(text.contains(cmd), "--help does not list {cmd}:\n{text}");
     }
 }
@@ -74,6 +74,7 @@ fn scrape(addr: std::net::SocketAddr) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_takes_a_point_serves_metrics_and_stops_on_sigterm() {
     let (mqtt, metrics, http, ws) = (free_addr(), free_addr(), free_addr(), free_addr());
+    let edge = free_addr();
     let prefix = prefix();
     let dir = std::env::temp_dir().join(format!("cli-{:x}", rand::random::<u64>()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -83,6 +84,7 @@ async fn run_takes_a_point_serves_metrics_and_stops_on_sigterm() {
         .args(["--config", conf.to_str().unwrap(), "run"])
         .env_remove("MQTT_URL")
         .env("MQTT_LISTEN", mqtt.to_string())
+        .env("EDGE_LISTEN", edge.to_string())
         .env("METRICS_LISTEN", metrics.to_string())
         .env("HTTP_LISTEN", http.to_string())
         .env("WS_LISTEN", ws.to_string())
@@ -98,13 +100,14 @@ async fn run_takes_a_point_serves_metrics_and_stops_on_sigterm() {
         assert!(Instant::now() < deadline, "metrics endpoint never answered");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // The embedded broker checks logins: the courier presents his device token.
+    // The phone logs in at the edge with his device token; the edge hands the point to the
+    // embedded bus in-process.
     let keys = courier_auth::Keyring::parse("test:0123456789abcdef0123456789abcdef").unwrap();
     let now = courier_wire::clock::unix_now() as u64;
     let endpoint = courier_wire::MqttEndpoint {
         username: Some("cli1".into()),
         password: Some(keys.sign(&courier_auth::Claims::courier("cli1", now, 600))),
-        ..courier_wire::MqttEndpoint::new("127.0.0.1", mqtt.port())
+        ..courier_wire::MqttEndpoint::new("127.0.0.1", edge.port())
     };
     let (c, _h) = client(&endpoint, None).await;
     // Ingest subscribes right after it connects; keep sending rising seqs until one is taken.
@@ -152,6 +155,7 @@ async fn run_takes_a_point_serves_metrics_and_stops_on_sigterm() {
         "ingest.redis",
         "history.mqtt",
         "history.postgres",
+        "edge.bus",
     ] {
         assert!(
             ready.contains(&format!("\"{check}\":true")),

@@ -129,6 +129,11 @@ fn compose_matches_the_cli_contract() {
         );
     }
     assert_eq!(roles.get("broker"), Some(&1));
+    assert_eq!(roles.get("edge"), Some(&1));
+    // Phones reach the edge only: the bus publishes no port.
+    assert!(services[&serde_norway::Value::from("broker")]
+        .get("ports")
+        .is_none());
     assert!(
         roles.get("ingest").copied().unwrap_or(0) >= 2,
         "two ingest workers"

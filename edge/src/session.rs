@@ -133,10 +133,11 @@ pub(crate) async fn serve<T: Transport>(
     shutdown: CancellationToken,
 ) {
     let max = sh.settings.max_packet_bytes;
-    let mut chunk = [0u8; CHUNK];
     let mut buf = BytesMut::new();
-    // CONNECT first, within the deadline.
+    // CONNECT first, within the deadline. The chunk lives in this block only, so that it is not
+    // part of the session's state while the phone is connected (there is another in `run`).
     let first = timeout_at(deadline, async {
+        let mut chunk = [0u8; CHUNK];
         loop {
             match codec::decode(None, &mut buf, max) {
                 Ok(Some(p)) => return Ok(Some(p)),
