@@ -58,23 +58,8 @@ impl Bus {
             run(c.arg("-b").arg(&passwd).arg(user).arg(&secret));
             secrets.push((user, secret));
         }
-        run(Command::new("openssl")
-            .args([
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-days",
-                "1",
-                "-subj",
-                "/CN=localhost",
-            ])
-            .arg("-keyout")
-            .arg(dir.join("certs/server.key"))
-            .arg("-out")
-            .arg(dir.join("certs/server.crt"))
-            .stderr(Stdio::null()));
+        // certs/server.crt and certs/server.key, as the shipped config names them.
+        throwaway_tls(&dir.join("certs"));
         let dynsec = dir.join("dynamic-security.json");
         std::fs::copy(shipped("dynamic-security.json"), &dynsec).unwrap();
         let (plain, tls) = (free_addr(), free_addr());
@@ -82,7 +67,7 @@ impl Bus {
             .unwrap()
             .replace("/etc/mosquitto/", &format!("{}/", dir.display()))
             .replace(
-                "listener 1883 127.0.0.1",
+                "listener 1884 127.0.0.1",
                 &format!("listener {} 127.0.0.1", plain.port()),
             )
             .replace(
@@ -395,7 +380,7 @@ fn shipped_rights_are_exactly_the_worker_filters() {
         "plugin_opt_config_file /etc/mosquitto/dynamic-security.json",
         "retain_available false",
         "set_tcp_nodelay true",
-        "listener 1883 127.0.0.1",
+        "listener 1884 127.0.0.1",
     ] {
         assert!(lines.contains(&needed), "mosquitto.conf lacks {needed:?}");
     }
