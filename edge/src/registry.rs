@@ -11,6 +11,8 @@ use tokio::sync::Notify;
 
 const SHARDS: usize = 64;
 
+type Shard = Mutex<HashMap<Box<str>, Entry>>;
+
 struct Entry {
     conn: u64,
     kick: Arc<Notify>,
@@ -19,7 +21,7 @@ struct Entry {
 
 pub(crate) struct Registry {
     hasher: RandomState,
-    shards: Box<[Mutex<HashMap<Box<str>, Entry>>]>,
+    shards: Box<[Shard]>,
 }
 
 impl Default for Registry {

@@ -37,24 +37,17 @@ pub trait Transport: Send {
 pub struct Stream<T>(pub T);
 
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for Stream<T> {
-    fn read<'a>(
-        &'a mut self,
-        buf: &'a mut [u8],
-    ) -> impl Future<Output = io::Result<usize>> + Send + 'a {
-        self.0.read(buf)
+    async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf).await
     }
 
-    fn write<'a>(&'a mut self, data: &'a [u8]) -> impl Future<Output = io::Result<()>> + Send + 'a {
-        async move {
-            self.0.write_all(data).await?;
-            self.0.flush().await
-        }
+    async fn write(&mut self, data: &[u8]) -> io::Result<()> {
+        self.0.write_all(data).await?;
+        self.0.flush().await
     }
 
-    fn close(&mut self) -> impl Future<Output = ()> + Send + '_ {
-        async move {
-            let _ = self.0.shutdown().await;
-        }
+    async fn close(&mut self) {
+        let _ = self.0.shutdown().await;
     }
 }
 
@@ -75,47 +68,38 @@ impl<S> Ws<S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Transport for Ws<S> {
-    fn read<'a>(
-        &'a mut self,
-        buf: &'a mut [u8],
-    ) -> impl Future<Output = io::Result<usize>> + Send + 'a {
-        async move {
-            loop {
-                if !self.pending.is_empty() {
-                    let n = self.pending.len().min(buf.len());
-                    buf[..n].copy_from_slice(&self.pending.split_to(n));
-                    return Ok(n);
+    async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            if !self.pending.is_empty() {
+                let n = self.pending.len().min(buf.len());
+                buf[..n].copy_from_slice(&self.pending.split_to(n));
+                return Ok(n);
+            }
+            // `next()` is cancel-safe: a frame is either returned or still in the stream.
+            match self.ws.next().await {
+                Some(Ok(Message::Binary(b))) => self.pending = b,
+                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
+                Some(Ok(Message::Text(_))) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "MQTT over WebSocket is binary",
+                    ))
                 }
-                // `next()` is cancel-safe: a frame is either returned or still in the stream.
-                match self.ws.next().await {
-                    Some(Ok(Message::Binary(b))) => self.pending = b,
-                    Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
-                    Some(Ok(Message::Text(_))) => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            "MQTT over WebSocket is binary",
-                        ))
-                    }
-                    Some(Ok(Message::Close(_))) | None => return Ok(0),
-                    Some(Err(e)) => return Err(io::Error::other(e)),
-                }
+                Some(Ok(Message::Close(_))) | None => return Ok(0),
+                Some(Err(e)) => return Err(io::Error::other(e)),
             }
         }
     }
 
-    fn write<'a>(&'a mut self, data: &'a [u8]) -> impl Future<Output = io::Result<()>> + Send + 'a {
-        async move {
-            self.ws
-                .send(Message::Binary(Bytes::copy_from_slice(data)))
-                .await
-                .map_err(io::Error::other)
-        }
+    async fn write(&mut self, data: &[u8]) -> io::Result<()> {
+        self.ws
+            .send(Message::Binary(Bytes::copy_from_slice(data)))
+            .await
+            .map_err(io::Error::other)
     }
 
-    fn close(&mut self) -> impl Future<Output = ()> + Send + '_ {
-        async move {
-            let _ = self.ws.close(None).await;
-        }
+    async fn close(&mut self) {
+        let _ = self.ws.close(None).await;
     }
 }
 
