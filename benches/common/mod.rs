@@ -2,7 +2,11 @@
 //! `/proc/<pid>`, Redis's own CPU from `INFO`.
 #![allow(dead_code)]
 
-use std::process::Command;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// CPU seconds (user + system) of a live process.
 pub fn cpu_seconds(pid: u32) -> f64 {
@@ -73,3 +77,91 @@ pub fn cpu_seconds_named(comm: &str) -> f64 {
         .map(|pid| stat_ticks(pid, 11..15) / clock_ticks())
         .sum()
 }
+
+pub fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// A process this benchmark started, stopped by its PID when dropped.
+pub struct Proc {
+    pub name: &'static str,
+    pub child: Child,
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return; // finished on its own (the simulator does)
+        }
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid().to_string())
+            .stderr(Stdio::null())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `GET /metrics`, as text.
+pub fn scrape(addr: SocketAddr) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    body.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}
+
+/// The sum of every series of `name` whose labels contain `label` (e.g. `result="accepted"`).
+pub fn metric(text: &str, name: &str, label: Option<&str>) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let (n, labels) = match series.split_once('{') {
+            Some((n, l)) => (n, l),
+            None => (series, ""),
+        };
+        if n == name && label.is_none_or(|l| labels.contains(l)) {
+            *found.get_or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    found
+}
+
+pub fn wait_port(addr: SocketAddr, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        assert!(Instant::now() < deadline, "{what} did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn spawn(name: &'static str, cmd: &mut Command, log: &Path) -> Proc {
+    let out = std::fs::File::create(log).unwrap();
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(out)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+    Proc { name, child }
+}
+

@@ -176,8 +176,7 @@ impl Bound {
         };
         let sessions = TaskTracker::new();
         let accepts = TaskTracker::new();
-        for (l, kind, via) in self.listeners.drain(..) {
-            tracing::info!(addr = ?l.local_addr().ok(), transport = via.label(), "edge listening");
+        for (l, kind, _) in self.listeners.drain(..) {
             accepts.spawn(source::accept(
                 self.sh.clone(),
                 l,
@@ -188,6 +187,8 @@ impl Bound {
         }
         accepts.close();
         accepts.wait().await;
+        // Sessions that logged in wait on their kick only (not on `shutdown`): tell them.
+        self.sh.registry.stop_all();
         sessions.close();
         if tokio::time::timeout(Duration::from_secs(2), sessions.wait())
             .await

@@ -124,7 +124,9 @@ pub fn connect(
             if !own || w.retain || w.qos > 1 {
                 return Err(denied(Refusal::Will));
             }
-            Some(w.payload)
+            // A copy: the decoded payload is a slice of the whole CONNECT packet (token
+            // included), which would otherwise stay allocated for the whole session.
+            Some(Bytes::copy_from_slice(&w.payload))
         }
     };
     Ok(Login {

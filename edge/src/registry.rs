@@ -7,7 +7,33 @@ use crate::policy::{Bucket, Rate};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use tokio::sync::Notify;
+
+/// Why a connected session is told to end: one wake-up for both, so that a session waits on
+/// one notification rather than two.
+#[derive(Default)]
+pub(crate) struct Kick {
+    notify: Notify,
+    /// 0: another login took over; 1: the edge is stopping.
+    why: AtomicU8,
+}
+
+impl Kick {
+    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
+    }
+
+    /// Whether the edge is stopping (else: a takeover).
+    pub fn stopping(&self) -> bool {
+        self.why.load(Relaxed) == 1
+    }
+
+    fn send(&self, stopping: bool) {
+        self.why.store(stopping as u8, Relaxed);
+        self.notify.notify_one();
+    }
+}
 
 const SHARDS: usize = 64;
 
@@ -15,7 +41,7 @@ type Shard = Mutex<HashMap<Box<str>, Entry>>;
 
 struct Entry {
     conn: u64,
-    kick: Arc<Notify>,
+    kick: Arc<Kick>,
     bucket: Bucket,
 }
 
@@ -42,11 +68,11 @@ impl Registry {
 
     /// Registers connection `conn` as `courier`'s; returns `true` when it took over another
     /// connection (which is told through its `kick`).
-    pub fn claim(&self, courier: &str, conn: u64, kick: Arc<Notify>, rate: Rate, now: f64) -> bool {
+    pub fn claim(&self, courier: &str, conn: u64, kick: Arc<Kick>, rate: Rate, now: f64) -> bool {
         let mut shard = self.shard(courier);
         match shard.get_mut(courier) {
             Some(e) => {
-                e.kick.notify_one();
+                e.kick.send(false);
                 e.conn = conn;
                 e.kick = kick;
                 true
@@ -82,6 +108,16 @@ impl Registry {
         }
     }
 
+    /// Tells every connected session that the edge is stopping.
+    pub fn stop_all(&self) {
+        for shard in self.shards.iter() {
+            let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            for e in shard.values() {
+                e.kick.send(true);
+            }
+        }
+    }
+
     /// Couriers connected.
     #[cfg(test)]
     pub fn len(&self) -> usize {
@@ -101,13 +137,14 @@ mod tests {
     #[test]
     fn a_second_login_takes_over_and_keeps_the_bucket() {
         let r = Registry::default();
-        let (k1, k2) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let (k1, k2) = (Arc::new(Kick::default()), Arc::new(Kick::default()));
         assert!(!r.claim("c1", 1, k1.clone(), RATE, 0.0));
         assert!(r.take("c1", 1, RATE, 0.0));
         assert!(r.take("c1", 1, RATE, 0.0));
-        assert!(r.claim("c1", 2, k2, RATE, 0.0));
+        assert!(r.claim("c1", 2, k2.clone(), RATE, 0.0));
         // The old connection was told, and may take nothing more.
         assert!(futures_util::FutureExt::now_or_never(k1.notified()).is_some());
+        assert!(!k1.stopping());
         assert!(!r.take("c1", 1, RATE, 0.0));
         // The new one inherits the bucket: one token left, not a fresh three.
         assert!(r.take("c1", 2, RATE, 0.0));
@@ -115,6 +152,8 @@ mod tests {
         // The old one leaving does not remove the new one.
         r.release("c1", 1);
         assert_eq!(r.len(), 1);
+        r.stop_all();
+        assert!(k2.stopping());
         r.release("c1", 2);
         assert_eq!(r.len(), 0);
     }

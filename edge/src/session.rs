@@ -9,7 +9,7 @@
 use crate::codec::{self, Ack, CloseReason, ConnectOutcome, Inbound, Limits, Version};
 use crate::events::{Metrics, Stats, Via};
 use crate::policy::{self, Login, Refusal, Verdict};
-use crate::registry::Registry;
+use crate::registry::{Kick, Registry};
 use crate::transport::Transport;
 use crate::{EdgeSettings, Message};
 use bytes::{Bytes, BytesMut};
@@ -17,12 +17,10 @@ use courier_auth::Keyring;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// Bytes read per call. A point's PUBLISH is about 110 bytes; larger packets are assembled.
-const CHUNK: usize = 256;
 /// A write (an acknowledgement) that takes longer than this means the phone is gone.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the goodbye (DISCONNECT, close) may take.
@@ -122,6 +120,20 @@ async fn send<T: Transport>(io: &mut T, bytes: &[u8]) -> bool {
     matches!(timeout(WRITE_TIMEOUT, io.write(bytes)).await, Ok(Ok(())))
 }
 
+/// A phone whose CONNECT was accepted.
+struct Accepted {
+    version: Version,
+    keep_alive: u16,
+    login: Login,
+    /// Bytes after the CONNECT (a PUBLISH in the same segment).
+    buf: BytesMut,
+    conn: u64,
+    kick: Arc<Kick>,
+    expires: Instant,
+    /// The CONNACK was written.
+    acked: bool,
+}
+
 /// Serves one connection until it ends. `slot` is released once the phone is logged in;
 /// `deadline` bounds everything before that (handshakes included).
 pub(crate) async fn serve<T: Transport>(
@@ -132,27 +144,68 @@ pub(crate) async fn serve<T: Transport>(
     deadline: Instant,
     shutdown: CancellationToken,
 ) {
+    // The phases before and after the connected loop run boxed: their state (the CONNECT and
+    // its token, timers, the goodbye) is needed once per connection, not in every idle phone's
+    // task.
+    let Some(a) = Box::pin(log_in(&sh, &mut io, slot, deadline, &shutdown)).await else {
+        return;
+    };
+    let end = if !a.acked {
+        End::Dropped
+    } else {
+        sh.metrics.login(&sh.stats, via);
+        let mut s = Session {
+            sh: &sh,
+            version: a.version,
+            conn: a.conn,
+            courier: &a.login.courier,
+        };
+        // Registered first, then checked: a stop that came before the registration is seen
+        // here, one that comes after reaches the session through its kick.
+        let end = if shutdown.is_cancelled() {
+            End::Shutdown
+        } else {
+            s.run(&mut io, a.buf, a.keep_alive, a.expires, &a.kick).await
+        };
+        sh.metrics.logout(&sh.stats);
+        end
+    };
+    sh.registry.release(&a.login.courier, a.conn);
+    sh.connected.fetch_sub(1, Relaxed);
+    Box::pin(finish(&sh, &mut io, a.version, &a.login, end)).await;
+}
+
+/// Reads the CONNECT within the deadline, checks it, registers the courier and answers;
+/// `None` when the connection ends here (refused, counted).
+async fn log_in<T: Transport>(
+    sh: &Shared,
+    io: &mut T,
+    slot: PendingSlot,
+    deadline: Instant,
+    shutdown: &CancellationToken,
+) -> Option<Accepted> {
     let max = sh.settings.max_packet_bytes;
     let mut buf = BytesMut::new();
-    // CONNECT first, within the deadline. The chunk lives in this block only, so that it is not
-    // part of the session's state while the phone is connected (there is another in `run`).
     let first = timeout_at(deadline, async {
-        let mut chunk = [0u8; CHUNK];
         loop {
             match codec::decode(None, &mut buf, max) {
                 Ok(Some(p)) => return Ok(Some(p)),
                 Ok(None) => {}
                 Err(e) => return Err(e),
             }
-            match io.read(&mut chunk).await {
+            match io.read_into(&mut buf).await {
                 Ok(0) | Err(_) => return Ok(None),
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Ok(_) => {}
             }
         }
     });
     let first = tokio::select! {
         r = first => r,
-        _ = shutdown.cancelled() => return,
+        _ = shutdown.cancelled() => return None,
+    };
+    let refused = |r| {
+        sh.metrics.refused(&sh.stats, r);
+        None
     };
     let (version, keep_alive, username, password, will) = match first {
         Ok(Ok(Some(Inbound::Connect {
@@ -163,12 +216,10 @@ pub(crate) async fn serve<T: Transport>(
             will,
             ..
         }))) => (version, keep_alive, username, password, will),
-        Ok(Ok(None)) => return,
-        Ok(Err(codec::DecodeError::TooLarge(_))) => {
-            return sh.metrics.refused(&sh.stats, Refusal::TooLarge)
-        }
-        Ok(_) => return sh.metrics.refused(&sh.stats, Refusal::Protocol),
-        Err(_) => return sh.metrics.refused(&sh.stats, Refusal::Timeout),
+        Ok(Ok(None)) => return None,
+        Ok(Err(codec::DecodeError::TooLarge(_))) => return refused(Refusal::TooLarge),
+        Ok(_) => return refused(Refusal::Protocol),
+        Err(_) => return refused(Refusal::Timeout),
     };
     let now = courier_wire::clock::unix_now();
     let login = match policy::connect(
@@ -181,23 +232,27 @@ pub(crate) async fn serve<T: Transport>(
         Ok(l) => l,
         Err((outcome, why)) => {
             sh.metrics.refused(&sh.stats, why);
-            return refuse(&mut io, version, outcome).await;
+            refuse(io, version, outcome).await;
+            return None;
         }
     };
-    drop((username, password));
+    if buf.is_empty() {
+        // The CONNECT's bytes (with the token) are no longer needed.
+        buf = BytesMut::new();
+    }
     if sh.connected.fetch_add(1, Relaxed) >= sh.settings.max_connections {
         sh.connected.fetch_sub(1, Relaxed);
         sh.metrics.refused(&sh.stats, Refusal::Full);
-        return refuse(&mut io, version, ConnectOutcome::Busy).await;
+        refuse(io, version, ConnectOutcome::Busy).await;
+        return None;
     }
     drop(slot);
     let conn = sh.next_conn.fetch_add(1, Relaxed);
-    let kick = Arc::new(Notify::new());
-    let rate = sh.settings.rate;
+    let kick = Arc::new(Kick::default());
     let t = sh.epoch.elapsed().as_secs_f64();
     if sh
         .registry
-        .claim(&login.courier, conn, kick.clone(), rate, t)
+        .claim(&login.courier, conn, kick.clone(), sh.settings.rate, t)
     {
         sh.metrics.takeover(&sh.stats);
     }
@@ -206,32 +261,22 @@ pub(crate) async fn serve<T: Transport>(
         max_qos: Some(1),
         no_retain: true,
     };
-    let end = if send(
-        &mut io,
+    let acked = send(
+        io,
         &codec::connack_with(version, ConnectOutcome::Accepted, limits),
     )
-    .await
-    {
-        sh.metrics.login(&sh.stats, via);
-        let expires =
-            Instant::now() + Duration::from_secs_f64((login.expires as f64 - now).max(0.0));
-        let mut s = Session {
-            sh: &sh,
-            version,
-            conn,
-            courier: &login.courier,
-        };
-        let end = s
-            .run(&mut io, buf, keep_alive, expires, &kick, &shutdown)
-            .await;
-        sh.metrics.logout(&sh.stats);
-        end
-    } else {
-        End::Dropped
-    };
-    sh.registry.release(&login.courier, conn);
-    sh.connected.fetch_sub(1, Relaxed);
-    finish(&sh, &mut io, version, &login, end).await;
+    .await;
+    let expires = Instant::now() + Duration::from_secs_f64((login.expires as f64 - now).max(0.0));
+    Some(Accepted {
+        version,
+        keep_alive,
+        login,
+        buf,
+        conn,
+        kick,
+        expires,
+        acked,
+    })
 }
 
 /// Says why (MQTT 5), closes, and publishes the Will where the end calls for it.
@@ -290,26 +335,25 @@ impl Session<'_> {
         mut buf: BytesMut,
         keep_alive: u16,
         expires: Instant,
-        kick: &Notify,
-        shutdown: &CancellationToken,
+        kick: &Kick,
     ) -> End {
         let keep_alive = (keep_alive > 0).then(|| Duration::from_millis(keep_alive as u64 * 1500));
         let mut last_in = Instant::now();
         let next = |last_in: Instant| keep_alive.map_or(expires, |k| (last_in + k).min(expires));
         let timer = sleep_until(next(last_in));
         tokio::pin!(timer);
-        let mut chunk = [0u8; CHUNK];
-        // A client may send PUBLISH in the same segment as CONNECT.
-        if let Err(end) = self.handle(io, &mut buf).await {
+        // A client may send PUBLISH in the same segment as CONNECT. Handling is boxed: its state
+        // (a decoded packet, a write in progress) is needed only while a packet is handled, not
+        // in every idle phone's task.
+        if let Err(end) = Box::pin(self.handle(io, &mut buf)).await {
             return end;
         }
         loop {
             let wake = tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => Wake::End(End::Shutdown),
-                _ = kick.notified() => Wake::End(End::TakenOver),
+                _ = kick.notified() => Wake::End(if kick.stopping() { End::Shutdown } else { End::TakenOver }),
                 _ = &mut timer => Wake::Timer,
-                r = io.read(&mut chunk) => Wake::Read(r),
+                r = io.read_into(&mut buf) => Wake::Read(r),
             };
             match wake {
                 Wake::End(e) => return e,
@@ -328,10 +372,9 @@ impl Session<'_> {
                     timer.as_mut().reset(next(last_in));
                 }
                 Wake::Read(Ok(0) | Err(_)) => return End::Dropped,
-                Wake::Read(Ok(n)) => {
+                Wake::Read(Ok(_)) => {
                     last_in = Instant::now();
-                    buf.extend_from_slice(&chunk[..n]);
-                    if let Err(end) = self.handle(io, &mut buf).await {
+                    if let Err(end) = Box::pin(self.handle(io, &mut buf)).await {
                         return end;
                     }
                     if buf.is_empty() {
@@ -414,5 +457,71 @@ impl Session<'_> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pins what one idle phone's task holds: the session future (both the CONNECT phase and the
+    /// connected loop are laid out in it). Tens of thousands of these live per process.
+    #[tokio::test]
+    async fn a_session_future_stays_small() {
+        let mut bound = crate::Edge {
+            settings: crate::EdgeConfig {
+                listen: "127.0.0.1:0".into(),
+                reuse_port: false,
+                ..Default::default()
+            }
+            .validate()
+            .unwrap(),
+            keys: Keyring::parse("k1:0123456789abcdef").unwrap(),
+            stats: Default::default(),
+        }
+        .bind()
+        .unwrap();
+        let _q = bound.take_queue();
+        let sh = bound.sh.clone();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        s.set_nonblocking(true).unwrap();
+        let stream = tokio::net::TcpStream::from_std(s).unwrap();
+        let slot = PendingSlot::take(&sh).unwrap();
+        let fut = serve(
+            sh,
+            crate::transport::Tcp(stream),
+            Via::Tcp,
+            slot,
+            Instant::now(),
+            CancellationToken::new(),
+        );
+        let size = std::mem::size_of_val(&fut);
+        eprintln!("session future: {size} bytes");
+        assert!(size <= 1024, "session future grew to {size} bytes");
+    }
+}
+
+#[cfg(test)]
+mod size_probe {
+    #[tokio::test]
+    async fn print_sizes() {
+        use crate::transport::Transport;
+        let n = tokio::sync::Notify::new();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        s.set_nonblocking(true).unwrap();
+        let mut t = crate::transport::Tcp(tokio::net::TcpStream::from_std(s).unwrap());
+        let mut b = bytes::BytesMut::new();
+        let r = std::mem::size_of_val(&t.read_into(&mut b));
+        let w = std::mem::size_of_val(&t.write(b"x"));
+        let rd = std::mem::size_of_val(&t.0.readable());
+        eprintln!("sleep {} notified {} tcpstream {} read_into {r} write {w} readable {rd}",
+            std::mem::size_of::<tokio::time::Sleep>(),
+            std::mem::size_of_val(&n.notified()),
+            std::mem::size_of::<tokio::net::TcpStream>(),
+        );
     }
 }

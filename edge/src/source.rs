@@ -6,7 +6,7 @@
 use crate::events::Via;
 use crate::policy::Refusal;
 use crate::session::{self, PendingSlot, Shared};
-use crate::transport::{check_upgrade, ws_config, Stream, Ws};
+use crate::transport::{check_upgrade, ws_config, Stream, Tcp, Ws};
 use crate::{EdgeError, TlsFiles};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -97,7 +97,7 @@ pub(crate) async fn accept(
             Kind::Tcp => {
                 tasks.spawn(session::serve(
                     sh,
-                    Stream(stream),
+                    Tcp(stream),
                     Via::Tcp,
                     slot,
                     deadline,

@@ -3,7 +3,8 @@
 //! and writes bytes; only WebSocket needs adapting (one MQTT packet may span frames, one frame may
 //! carry several packets).
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use tokio::net::TcpStream;
 use futures_util::{SinkExt, StreamExt};
 use std::future::Future;
 use std::io;
@@ -22,10 +23,11 @@ pub const SUBPROTOCOL: &str = "mqtt";
 /// What a session needs of its connection. Reads must be cancel-safe: the session races them
 /// against its timers.
 pub trait Transport: Send {
-    /// Reads what has arrived into `buf`; `Ok(0)` when the peer closed.
-    fn read<'a>(
+    /// Appends what has arrived to `out`; `Ok(0)` when the peer closed. `out` is usually empty
+    /// and unallocated: an idle connection holds no buffer.
+    fn read_into<'a>(
         &'a mut self,
-        buf: &'a mut [u8],
+        out: &'a mut BytesMut,
     ) -> impl Future<Output = io::Result<usize>> + Send + 'a;
     /// Writes one or more whole MQTT packets.
     fn write<'a>(&'a mut self, data: &'a [u8]) -> impl Future<Output = io::Result<()>> + Send + 'a;
@@ -33,12 +35,49 @@ pub trait Transport: Send {
     fn close(&mut self) -> impl Future<Output = ()> + Send + '_;
 }
 
-/// A plain byte stream: TCP, or TLS over TCP.
+/// Bytes read per call where a read needs a buffer while it waits (TLS). A point's PUBLISH is
+/// about 110 bytes; larger packets are assembled over several reads.
+const CHUNK: usize = 256;
+
+/// Plain TCP: waits for readiness with no buffer, then reads into one on the stack, so that an
+/// idle phone's task holds no read buffer at all. `poll_read_ready` rather than `readable()`:
+/// the latter's future carries its own waiter node (152 bytes here) in every idle task.
+pub struct Tcp(pub TcpStream);
+
+impl Transport for Tcp {
+    async fn read_into(&mut self, out: &mut BytesMut) -> io::Result<usize> {
+        loop {
+            std::future::poll_fn(|cx| self.0.poll_read_ready(cx)).await?;
+            let mut chunk = [0u8; 2048];
+            match self.0.try_read(&mut chunk) {
+                Ok(n) => {
+                    out.extend_from_slice(&chunk[..n]);
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn write(&mut self, data: &[u8]) -> io::Result<()> {
+        self.0.write_all(data).await
+    }
+
+    async fn close(&mut self) {
+        let _ = self.0.shutdown().await;
+    }
+}
+
+/// A byte stream that needs a buffer to read into: TLS over TCP.
 pub struct Stream<T>(pub T);
 
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for Stream<T> {
-    async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.0.read(buf).await
+    async fn read_into(&mut self, out: &mut BytesMut) -> io::Result<usize> {
+        let mut chunk = [0u8; CHUNK];
+        let n = self.0.read(&mut chunk).await?;
+        out.extend_from_slice(&chunk[..n]);
+        Ok(n)
     }
 
     async fn write(&mut self, data: &[u8]) -> io::Result<()> {
@@ -54,30 +93,24 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for Stream<T> {
 /// MQTT over WebSocket: binary frames carry the MQTT bytes.
 pub struct Ws<S> {
     ws: WebSocketStream<S>,
-    /// The rest of a frame that did not fit the caller's buffer.
-    pending: Bytes,
 }
 
 impl<S> Ws<S> {
     pub fn new(ws: WebSocketStream<S>) -> Self {
-        Ws {
-            ws,
-            pending: Bytes::new(),
-        }
+        Ws { ws }
     }
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send> Transport for Ws<S> {
-    async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+    async fn read_into(&mut self, out: &mut BytesMut) -> io::Result<usize> {
         loop {
-            if !self.pending.is_empty() {
-                let n = self.pending.len().min(buf.len());
-                buf[..n].copy_from_slice(&self.pending.split_to(n));
-                return Ok(n);
-            }
             // `next()` is cancel-safe: a frame is either returned or still in the stream.
             match self.ws.next().await {
-                Some(Ok(Message::Binary(b))) => self.pending = b,
+                Some(Ok(Message::Binary(b))) if !b.is_empty() => {
+                    out.extend_from_slice(&b);
+                    return Ok(b.len());
+                }
+                Some(Ok(Message::Binary(_))) => {}
                 Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
                 Some(Ok(Message::Text(_))) => {
                     return Err(io::Error::new(
