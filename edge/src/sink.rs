@@ -1,7 +1,7 @@
 //! Where the phones' messages go: the bus queue, drained either by the embedded broker's
 //! in-process link (`courier-pipeline run`, in the binary's broker module) or, for an edge
 //! process of its own, by [`mqtt`]: a few MQTT connections to the bus at `MQTT_URL` with a
-//! service login, used round robin.
+//! service login, each courier's messages always on the same one (see [`connection_for`]).
 
 use crate::events::Stats;
 use crate::Message;
@@ -38,6 +38,23 @@ impl Queue {
         metrics::gauge!(m::EDGE_QUEUE_DEPTH).set(self.rx.len() as f64);
         n
     }
+}
+
+/// The bus connection (of `n`) that carries the messages of `topic`'s courier: the same one for
+/// his points, his status and his Will, so the bus gets them in the order the phone sent them.
+/// Round robin per message let a later point (or the Will's `offline`) overtake an earlier one
+/// on the other connection: the earlier one was then stale, or the courier live again after
+/// his `offline`.
+pub fn connection_for(topic: &str, n: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let key = match courier_wire::parse_courier_topic(topic) {
+        Some(courier_wire::CourierTopic::Loc(id) | courier_wire::CourierTopic::Status(id)) => id,
+        None => topic,
+    };
+    // Fixed keys: the same courier maps to the same connection for the life of the process.
+    let mut h = std::hash::DefaultHasher::new();
+    key.hash(&mut h);
+    (h.finish() % n.max(1) as u64) as usize
 }
 
 /// Forwards `queue` to the bus at `endpoint` over `connections` MQTT connections until the
@@ -96,12 +113,10 @@ pub async fn mqtt(endpoint: MqttEndpoint, connections: usize, mut queue: Queue, 
     }
     let dropped = metrics::counter!(m::EDGE_MESSAGES, "result" => "queue_full");
     let mut batch = Vec::with_capacity(512);
-    let mut next = 0usize;
     while queue.recv_many(&mut batch, 512).await > 0 {
         let mut lost = 0;
         for msg in batch.drain(..) {
-            let c = &clients[next % clients.len()];
-            next = next.wrapping_add(1);
+            let c = &clients[connection_for(&msg.topic, clients.len())];
             if c.try_publish(msg.topic, QoS::AtMostOnce, false, msg.payload.to_vec())
                 .is_err()
             {
@@ -121,4 +136,23 @@ pub async fn mqtt(endpoint: MqttEndpoint, connections: usize, mut queue: Queue, 
     done.cancel();
     tasks.close();
     let _ = tokio::time::timeout(Duration::from_secs(2), tasks.wait()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connection_for;
+    use courier_wire::{loc_topic, status_topic};
+
+    #[test]
+    fn one_courier_stays_on_one_connection_and_couriers_spread() {
+        let mut used = [0usize; 2];
+        for i in 0..100 {
+            let id = format!("c{i}");
+            let c = connection_for(&loc_topic(&id), 2);
+            assert_eq!(c, connection_for(&status_topic(&id), 2), "{id}");
+            used[c] += 1;
+        }
+        assert!(used.iter().all(|&n| n > 20), "{used:?}");
+        assert_eq!(connection_for(&loc_topic("c1"), 1), 0);
+    }
 }
