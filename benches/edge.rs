@@ -15,7 +15,8 @@
 //!   EDGE_BENCH_PHONES=20000 EDGE_BENCH_EDGES=2 EDGE_BENCH_SIMS=2 cargo bench --bench edge
 //!
 //! Settings (environment): EDGE_BENCH_PHONES (60000), EDGE_BENCH_EDGES (4), EDGE_BENCH_SIMS (4),
-//! EDGE_BENCH_ADDRS (loopback addresses 127.0.0.1.., 3), EDGE_BENCH_INTERVAL (10 s),
+//! EDGE_BENCH_ADDRS (loopback addresses 127.0.0.1.., 3), EDGE_BENCH_INTERVAL (10 s; 0.1 for the
+//! CPU per point under load: `EDGE_BENCH_PHONES=6000 EDGE_BENCH_INTERVAL=0.1`),
 //! EDGE_BENCH_WINDOW (steady window, 30 s), EDGE_BENCH_TLS_WS (connections for the TLS and
 //! WebSocket figure, 3000 each; 0 skips). `cargo test` runs nothing here.
 
@@ -106,7 +107,12 @@ fn main() {
     let n_edges = env_num("EDGE_BENCH_EDGES", 4) as usize;
     let n_sims = env_num("EDGE_BENCH_SIMS", 4);
     let n_addrs = env_num("EDGE_BENCH_ADDRS", 3);
-    let interval = env_num("EDGE_BENCH_INTERVAL", 10);
+    let interval: f64 = std::env::var("EDGE_BENCH_INTERVAL")
+        .ok()
+        .map(|v| v.parse().expect("EDGE_BENCH_INTERVAL: seconds"))
+        .unwrap_or(10.0);
+    // Waits of "one interval" below, at least a second.
+    let settle = Duration::from_secs_f64(interval.max(1.0));
     let window = env_num("EDGE_BENCH_WINDOW", 30);
     let tls_ws = env_num("EDGE_BENCH_TLS_WS", 3000);
     let redis_url = std::env::var("REDIS_URL").expect("REDIS_URL (./dev bench sets it)");
@@ -207,7 +213,7 @@ fn main() {
     }
 
     // Steady state.
-    std::thread::sleep(Duration::from_secs(interval + 2));
+    std::thread::sleep(settle + Duration::from_secs(2));
     let pids = || edges.iter().map(|e| e.proc.pid()).collect::<Vec<_>>();
     let cpu0: f64 = pids().into_iter().map(common::cpu_seconds).sum();
     let fwd0 = sum_metric(&edges, "edge_messages_total", Some("result=\"forwarded\""));
@@ -253,7 +259,7 @@ fn main() {
     if wait_connected(&edges, want, Duration::from_secs(300)).is_none() {
         println!("  (second round: not every phone connected)");
     }
-    std::thread::sleep(Duration::from_secs(interval));
+    std::thread::sleep(settle);
     for e in &mut edges {
         let _ = e.proc.child.kill();
         let _ = e.proc.child.wait();
@@ -272,7 +278,7 @@ fn main() {
         }
         None => println!("after killing every edge: NOT all phones back within 300 s"),
     }
-    std::thread::sleep(Duration::from_secs(interval + 2));
+    std::thread::sleep(settle + Duration::from_secs(2));
     println!("  (round b: killed edges lose what they held and what phones wrote to dying sockets)");
     ledger(sims, "b", judged_before);
     drop(edges);

@@ -14,7 +14,9 @@
 //!
 //! Settings (environment): PIPELINE_RATES (msg/s, default 2000,...,128000), PIPELINE_STEP_SECONDS
 //! (default 30), PIPELINE_MODES (embedded,embedded-single,mosquitto: `embedded-single` is
-//! `run` with the single-node settings, ingest.group = history.group = ""), PIPELINE_ORDERS (watched orders, 20),
+//! `run` with the single-node settings, ingest.group = history.group = ""; `edge` and
+//! `edge-single` are the same with the phones through `run`'s MQTT edge, one connection per
+//! courier, 10 points a second each, rate/10 couriers), PIPELINE_ORDERS (watched orders, 20),
 //! PIPELINE_WORKERS (ingest workers, 2), PIPELINE_TABLE (output file, default
 //! <target dir>/pipeline-bench.md). Figures come only from the processes' /metrics and the
 //! simulator's --report JSON. Everything started is stopped by PID; keys live under a fresh
@@ -127,7 +129,7 @@ fn main() {
         std::fs::write(
             &config,
             // `embedded-single`: the single-node settings (plain subscriptions, one client each).
-            if mode == "embedded-single" {
+            if mode.ends_with("-single") {
                 format!("[redis]\nkey_prefix = \"{prefix}\"\n\n[ingest]\nworkers = 1\ngroup = \"\"\nstatus_group = \"\"\n\n[history]\ngroup = \"\"\n")
             } else {
                 format!("[redis]\nkey_prefix = \"{prefix}\"\n\n[ingest]\nworkers = {workers}\n")
@@ -135,6 +137,10 @@ fn main() {
         )
         .unwrap();
         let (mqtt, metrics_addr, http_addr) = (free_addr(), free_addr(), free_addr());
+        // `edge` modes: the phones, one connection per courier, log in at `run`'s edge.
+        let phones_via_edge = mode.starts_with("edge");
+        let runs_all = mode.starts_with("embedded") || phones_via_edge;
+        let edge_addr = free_addr();
         let common = |c: &mut Command| {
             c.arg("--config")
                 .arg(&config)
@@ -146,13 +152,16 @@ fn main() {
         };
         let mut procs: Vec<Proc> = Vec::new();
         match mode {
-            "embedded" | "embedded-single" => {
+            "embedded" | "embedded-single" | "edge" | "edge-single" => {
                 let mut c = Command::new(BIN);
                 c.arg("run")
                     .env_remove("MQTT_URL")
                     .env("MQTT_LISTEN", mqtt.to_string())
-                    // Shared simulator connections go to the bus; no phone uses the edge here.
-                    .env("EDGE_LISTEN", "off");
+                    // Embedded modes: shared simulator connections go to the bus, no edge.
+                    .env(
+                        "EDGE_LISTEN",
+                        if phones_via_edge { edge_addr.to_string() } else { "off".into() },
+                    );
                 common(&mut c);
                 procs.push(spawn("run", &mut c, &dir.join("run.log")));
             }
@@ -173,14 +182,14 @@ fn main() {
                 procs.push(spawn("ingest", &mut c, &dir.join("ingest.log")));
             }
             other => panic!(
-                "PIPELINE_MODES: unknown mode {other:?} (embedded, embedded-single, mosquitto)"
+                "PIPELINE_MODES: unknown mode {other:?} (embedded, embedded-single, edge, edge-single, mosquitto)"
             ),
         }
         wait_port(mqtt, "broker");
         wait_port(metrics_addr, "metrics");
         std::thread::sleep(Duration::from_secs(1));
         // `run` serves the orders API and the gateway when it has both keys; watch through them.
-        let has_fanout = mode.starts_with("embedded")
+        let has_fanout = runs_all
             && ["AUTH_KEYS", "SERVICE_KEY"]
                 .iter()
                 .all(|k| std::env::var(k).is_ok_and(|v| !v.is_empty()))
@@ -195,13 +204,17 @@ fn main() {
             let report = dir.join(format!("{mode}-{rate}.json"));
             let connections = (rate / 8000).clamp(2, 16);
             let mut sim = Command::new(BIN);
-            sim.args(["simulate", "--interval", "1", "--orders", &orders])
-                .args([
-                    "--couriers",
-                    &rate.to_string(),
-                    "--connections",
-                    &connections.to_string(),
-                ])
+            sim.args(["simulate", "--orders", &orders]);
+            if phones_via_edge {
+                // One connection per courier, 10 points a second each (under the edge's
+                // default 20/s per courier), as the phones of a busy city would.
+                sim.args(["--interval", "0.1", "--couriers", &(rate / 10).max(1).to_string()])
+                    .env("EDGE_LISTEN", edge_addr.to_string());
+            } else {
+                sim.args(["--interval", "1", "--couriers", &rate.to_string()])
+                    .args(["--connections", &connections.to_string()]);
+            }
+            sim
                 .args([
                     "--seconds",
                     &step.to_string(),
@@ -266,7 +279,7 @@ fn main() {
             let redis_cpu =
                 (common::redis_cpu_seconds(&redis_url) - redis_cpu0) * 1e6 / sent.max(1) as f64;
             cpu.push(format!("redis {redis_cpu:.1}"));
-            if mode.starts_with("embedded") {
+            if runs_all {
                 let pg =
                     (common::cpu_seconds_named("postgres") - pg_cpu0) * 1e6 / sent.max(1) as f64;
                 cpu.push(format!("postgres {pg:.1}"));
@@ -289,7 +302,7 @@ fn main() {
                     // columns say where): the simulator sends no invalid or stale points.
                     ((sent as f64 - accepted) / sent as f64 * 100.0).max(0.0)
                 },
-                cursor_jumps: if mode.starts_with("embedded") {
+                cursor_jumps: if runs_all {
                     Some(d("broker_cursor_jumps_total", None).unwrap_or(0.0))
                 } else {
                     None

@@ -7,15 +7,15 @@ use crate::events::Stats;
 use crate::Message;
 use courier_wire::metrics as m;
 use courier_wire::MqttEndpoint;
-use rumqttc::{AsyncClient, Event, Packet, QoS};
+use bytes::BytesMut;
+use rumqttc::mqttbytes::v4;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-
-/// Messages one bus client may hold before new ones are dropped (counted as `queue_full`).
-const CLIENT_QUEUE: usize = 16_384;
 
 /// The receiving end of the edge's bounded queue to the bus.
 pub struct Queue {
@@ -57,67 +57,38 @@ pub fn connection_for(topic: &str, n: usize) -> usize {
     (h.finish() % n.max(1) as u64) as usize
 }
 
+/// Messages waiting for one bus connection; when full, new ones are dropped (`queue_full`).
+const CONNECTION_QUEUE: usize = 16_384;
+/// Messages written to the bus with one write.
+const BATCH: usize = 512;
+/// Keep-alive announced in CONNECT; a PINGREQ goes out at half of it.
+const KEEP_ALIVE: Duration = Duration::from_secs(30);
+
 /// Forwards `queue` to the bus at `endpoint` over `connections` MQTT connections until the
 /// queue closes (the edge stopped and every session ended, its Wills queued), then disconnects.
+///
+/// The bus connections are MQTT 3.1.1 written here on rumqttc's packet codecs, not rumqttc's
+/// client: that client writes and flushes every publish on its own (one `writev` each, and on
+/// loopback the bus's receive work too, on the edge's CPU), where this writes a batch of up to
+/// 512 queued messages at once. What is written by hand: connect and read the CONNACK, then
+/// PUBLISH QoS 0 batches, a PINGREQ every 15 s, reconnect after a failure.
 pub async fn mqtt(endpoint: MqttEndpoint, connections: usize, mut queue: Queue, stats: Arc<Stats>) {
     let tasks = TaskTracker::new();
-    // Set once the queue is drained: a client still connecting gives up then.
-    let done = CancellationToken::new();
-    let mut clients = Vec::with_capacity(connections);
-    let up = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    for i in 0..connections {
-        let o = courier_wire::mqtt::options(
-            &endpoint,
-            &courier_wire::mqtt::client_id("edge", i),
-            CLIENT_QUEUE,
-        );
-        let (client, mut el) = AsyncClient::new(o, CLIENT_QUEUE);
-        courier_wire::mqtt::no_delay(&mut el);
-        clients.push(client);
-        let (stats, up, done) = (stats.clone(), up.clone(), done.clone());
-        tasks.spawn(async move {
-            use std::sync::atomic::Ordering::Relaxed;
-            let mut connected = false;
-            loop {
-                let ev = tokio::select! {
-                    ev = el.poll() => ev,
-                    _ = done.cancelled(), if !connected => break,
-                };
-                match ev {
-                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                        if !connected {
-                            connected = true;
-                            up.fetch_add(1, Relaxed);
-                        }
-                        stats.bus_up.set(true);
-                        metrics::counter!(m::MQTT_CONNECTION_EVENTS, "state" => "connected")
-                            .increment(1);
-                    }
-                    Ok(Event::Outgoing(rumqttc::Outgoing::Disconnect)) => break,
-                    Ok(_) => {}
-                    Err(e) => {
-                        if connected {
-                            connected = false;
-                            if up.fetch_sub(1, Relaxed) == 1 {
-                                stats.bus_up.set(false);
-                            }
-                            metrics::counter!(m::MQTT_CONNECTION_EVENTS, "state" => "disconnected")
-                                .increment(1);
-                        }
-                        tracing::warn!(role = "edge", error = %e, "bus connection failed; retrying in 1s");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                }
-            }
-        });
+    let up = Arc::new(AtomicUsize::new(0));
+    let mut lanes = Vec::with_capacity(connections);
+    for i in 0..connections.max(1) {
+        let (tx, rx) = mpsc::channel(CONNECTION_QUEUE);
+        lanes.push(tx);
+        let id = courier_wire::mqtt::client_id("edge", i);
+        tasks.spawn(connection(endpoint.clone(), id, rx, stats.clone(), up.clone()));
     }
     let dropped = metrics::counter!(m::EDGE_MESSAGES, "result" => "queue_full");
-    let mut batch = Vec::with_capacity(512);
-    while queue.recv_many(&mut batch, 512).await > 0 {
+    let mut batch = Vec::with_capacity(BATCH);
+    while queue.recv_many(&mut batch, BATCH).await > 0 {
         let mut lost = 0;
         for msg in batch.drain(..) {
-            let c = &clients[connection_for(&msg.topic, clients.len())];
-            if c.try_publish(msg.topic, QoS::AtMostOnce, false, msg.payload.to_vec())
+            if lanes[connection_for(&msg.topic, lanes.len())]
+                .try_send(msg)
                 .is_err()
             {
                 lost += 1;
@@ -125,34 +96,181 @@ pub async fn mqtt(endpoint: MqttEndpoint, connections: usize, mut queue: Queue, 
         }
         if lost > 0 {
             dropped.increment(lost);
-            stats
-                .queue_full
-                .fetch_add(lost, std::sync::atomic::Ordering::Relaxed);
+            stats.queue_full.fetch_add(lost, Relaxed);
         }
     }
-    for c in &clients {
-        let _ = c.try_disconnect();
-    }
-    done.cancel();
+    // Closing the lanes lets each connection write what it holds and disconnect.
+    drop(lanes);
     tasks.close();
-    let _ = tokio::time::timeout(Duration::from_secs(2), tasks.wait()).await;
+    let _ = tokio::time::timeout(Duration::from_secs(3), tasks.wait()).await;
 }
 
-#[cfg(test)]
-mod tests {
-    use super::connection_for;
-    use courier_wire::{loc_topic, status_topic};
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
-    #[test]
-    fn one_courier_stays_on_one_connection_and_couriers_spread() {
-        let mut used = [0usize; 2];
-        for i in 0..100 {
-            let id = format!("c{i}");
-            let c = connection_for(&loc_topic(&id), 2);
-            assert_eq!(c, connection_for(&status_topic(&id), 2), "{id}");
-            used[c] += 1;
+/// Opens the connection (TCP, or TLS for `mqtts://`), sends CONNECT with the service login and
+/// waits for a successful CONNACK.
+async fn open(endpoint: &MqttEndpoint, client_id: &str) -> std::io::Result<Box<dyn Io>> {
+    use std::io::{Error, ErrorKind};
+    let tcp = TcpStream::connect((endpoint.host.as_str(), endpoint.port)).await?;
+    tcp.set_nodelay(true)?;
+    let mut io: Box<dyn Io> = if endpoint.tls {
+        let connector = tls_connector(endpoint.ca_pem.as_deref())?;
+        let name = rustls::pki_types::ServerName::try_from(endpoint.host.clone())
+            .map_err(|e| Error::new(ErrorKind::InvalidInput, e))?;
+        Box::new(connector.connect(name, tcp).await?)
+    } else {
+        Box::new(tcp)
+    };
+    let mut c = v4::Connect::new(client_id);
+    c.keep_alive = KEEP_ALIVE.as_secs() as u16;
+    if let Some(user) = &endpoint.username {
+        c.set_login(user.clone(), endpoint.password.clone().unwrap_or_default());
+    }
+    let mut out = BytesMut::new();
+    v4::Packet::Connect(c)
+        .write(&mut out, usize::MAX)
+        .map_err(|e| Error::new(ErrorKind::InvalidData, e.to_string()))?;
+    io.write_all(&out).await?;
+    let mut buf = BytesMut::with_capacity(64);
+    loop {
+        match v4::Packet::read(&mut buf, 1 << 16) {
+            Ok(v4::Packet::ConnAck(a)) if a.code == v4::ConnectReturnCode::Success => return Ok(io),
+            Ok(v4::Packet::ConnAck(a)) => {
+                return Err(Error::new(
+                    ErrorKind::PermissionDenied,
+                    format!("the bus refused the edge's login: {:?}", a.code),
+                ))
+            }
+            Ok(_) => {}
+            Err(rumqttc::mqttbytes::Error::InsufficientBytes(_)) => {
+                if io.read_buf(&mut buf).await? == 0 {
+                    return Err(ErrorKind::UnexpectedEof.into());
+                }
+            }
+            Err(e) => return Err(Error::new(ErrorKind::InvalidData, e.to_string())),
         }
-        assert!(used.iter().all(|&n| n > 20), "{used:?}");
-        assert_eq!(connection_for(&loc_topic("c1"), 1), 0);
+    }
+}
+
+fn tls_connector(ca_pem: Option<&[u8]>) -> std::io::Result<tokio_rustls::TlsConnector> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    use std::io::{Error, ErrorKind};
+    let mut roots = rustls::RootCertStore::empty();
+    match ca_pem {
+        Some(pem) => {
+            for cert in CertificateDer::pem_slice_iter(pem) {
+                let cert = cert.map_err(|e| Error::new(ErrorKind::InvalidData, e.to_string()))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| Error::new(ErrorKind::InvalidData, e.to_string()))?;
+            }
+        }
+        None => {
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::other(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+/// One bus connection: connects (again after a failure, backing off), then writes what its
+/// lane brings in batches until the lane closes.
+async fn connection(
+    endpoint: MqttEndpoint,
+    client_id: String,
+    mut rx: mpsc::Receiver<Message>,
+    stats: Arc<Stats>,
+    up: Arc<AtomicUsize>,
+) {
+    let connected = metrics::counter!(m::MQTT_CONNECTION_EVENTS, "state" => "connected");
+    let disconnected = metrics::counter!(m::MQTT_CONNECTION_EVENTS, "state" => "disconnected");
+    let lost = metrics::counter!(m::EDGE_MESSAGES, "result" => "queue_full");
+    let mut backoff = Duration::from_millis(250);
+    let mut batch = Vec::with_capacity(BATCH);
+    let mut out = BytesMut::with_capacity(64 * 1024);
+    loop {
+        let stopped = rx.is_closed();
+        let io = tokio::select! {
+            r = open(&endpoint, &client_id) => r,
+            // Stopped while the bus is away: a last try, then what is left is lost (counted).
+            _ = tokio::time::sleep(Duration::from_secs(3)), if stopped => {
+                let left = rx.len() as u64;
+                lost.increment(left);
+                stats.queue_full.fetch_add(left, Relaxed);
+                return;
+            }
+        };
+        let io = match io {
+            Ok(io) => io,
+            Err(e) => {
+                tracing::warn!(role = "edge", error = %e, "bus connection failed; retrying");
+                if rx.is_closed() && rx.is_empty() {
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(250);
+        connected.increment(1);
+        if up.fetch_add(1, Relaxed) == 0 {
+            stats.bus_up.set(true);
+        }
+        let (mut rd, mut wr) = tokio::io::split(io);
+        let mut ping = tokio::time::interval(KEEP_ALIVE / 2);
+        ping.tick().await;
+        let mut scratch = [0u8; 256];
+        let finished = loop {
+            tokio::select! {
+                n = rx.recv_many(&mut batch, BATCH) => {
+                    if n == 0 {
+                        out.clear();
+                        out.extend_from_slice(&[0xE0, 0x00]); // DISCONNECT
+                        let _ = wr.write_all(&out).await;
+                        break true;
+                    }
+                    out.clear();
+                    for msg in batch.drain(..) {
+                        let p = v4::Publish::from_bytes(msg.topic, rumqttc::QoS::AtMostOnce, msg.payload);
+                        // A topic or payload too large for MQTT cannot come from the edge's
+                        // sessions (they are bounded by max_packet_bytes).
+                        let _ = v4::Packet::Publish(p).write(&mut out, usize::MAX);
+                    }
+                    if wr.write_all(&out).await.is_err() {
+                        lost.increment(n as u64);
+                        stats.queue_full.fetch_add(n as u64, Relaxed);
+                        break false;
+                    }
+                }
+                _ = ping.tick() => {
+                    if wr.write_all(&[0xC0, 0x00]).await.is_err() { // PINGREQ
+                        break false;
+                    }
+                }
+                r = rd.read(&mut scratch) => match r {
+                    // PINGRESP, or nothing a QoS 0 publisher needs.
+                    Ok(n) if n > 0 => {}
+                    _ => break false,
+                },
+            }
+        };
+        disconnected.increment(1);
+        if up.fetch_sub(1, Relaxed) == 1 {
+            stats.bus_up.set(false);
+        }
+        if finished {
+            return;
+        }
+        tracing::warn!(role = "edge", "bus connection lost; reconnecting");
     }
 }
