@@ -45,7 +45,13 @@ struct EdgeProc {
     metrics: SocketAddr,
 }
 
-fn start_edge(i: usize, listen: &str, bus: SocketAddr, dir: &Path, extra: &[(&str, String)]) -> EdgeProc {
+fn start_edge(
+    i: usize,
+    listen: &str,
+    bus: SocketAddr,
+    dir: &Path,
+    extra: &[(&str, String)],
+) -> EdgeProc {
     let metrics = free_addr();
     let mut c = Command::new(BIN);
     c.arg("edge")
@@ -82,7 +88,10 @@ fn wait_connected(edges: &[EdgeProc], want: f64, limit: Duration) -> Option<f64>
             return Some(t0.elapsed().as_secs_f64());
         }
         if n != last {
-            eprintln!("  {:>5.1}s {n:.0} of {want:.0} phones connected", t0.elapsed().as_secs_f64());
+            eprintln!(
+                "  {:>5.1}s {n:.0} of {want:.0} phones connected",
+                t0.elapsed().as_secs_f64()
+            );
             last = n;
         }
         std::thread::sleep(Duration::from_millis(500));
@@ -153,7 +162,9 @@ fn main() {
 
     // Edges: one port, several addresses, several processes.
     let port = free_addr().port();
-    let addrs: Vec<String> = (1..=n_addrs).map(|i| format!("127.0.0.{i}:{port}")).collect();
+    let addrs: Vec<String> = (1..=n_addrs)
+        .map(|i| format!("127.0.0.{i}:{port}"))
+        .collect();
     let listen = addrs.join(",");
     let mut edges: Vec<EdgeProc> = (0..n_edges)
         .map(|i| start_edge(i, &listen, bus, &dir, &[]))
@@ -170,7 +181,10 @@ fn main() {
                 c.args(["simulate", "--couriers", &per_sim.to_string()])
                     .args(["--interval", &interval.to_string(), "--seconds", "3600"])
                     .args(["--id-prefix", &format!("{round}{m}-")])
-                    .args(["--report", dir.join(format!("{round}-sim-{m}.json")).to_str().unwrap()])
+                    .args([
+                        "--report",
+                        dir.join(format!("{round}-sim-{m}.json")).to_str().unwrap(),
+                    ])
                     .env("AUTH_KEYS", KEYS)
                     .env("MQTT_URL", format!("mqtt://{bus}"))
                     .env("EDGE_LISTEN", &addrs[0])
@@ -179,7 +193,11 @@ fn main() {
                 for a in &addrs[1..] {
                     c.args(["--also-mqtt-url", &format!("mqtt://{a}")]);
                 }
-                spawn("simulate", &mut c, &dir.join(format!("{round}-sim-{m}.log")))
+                spawn(
+                    "simulate",
+                    &mut c,
+                    &dir.join(format!("{round}-sim-{m}.log")),
+                )
             })
             .collect()
     };
@@ -190,7 +208,8 @@ fn main() {
         std::thread::sleep(Duration::from_secs(2));
         let (mut sent, mut client_dropped) = (0u64, 0u64);
         for m in 0..n_sims {
-            let text = std::fs::read_to_string(dir.join(format!("{round}-sim-{m}.json"))).unwrap_or_default();
+            let text = std::fs::read_to_string(dir.join(format!("{round}-sim-{m}.json")))
+                .unwrap_or_default();
             let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
             sent += v["sent"].as_u64().unwrap_or(0);
             client_dropped += v["client_dropped"].as_u64().unwrap_or(0);
@@ -226,7 +245,9 @@ fn main() {
         .map(|e| {
             format!(
                 "{:.0} phones {} MiB",
-                scrape(e.metrics).and_then(|t| metric(&t, "edge_connections", None)).unwrap_or(0.0),
+                scrape(e.metrics)
+                    .and_then(|t| metric(&t, "edge_connections", None))
+                    .unwrap_or(0.0),
                 common::status_kib(e.proc.pid(), "VmRSS:") / 1024
             )
         })
@@ -249,7 +270,11 @@ fn main() {
     );
     let refused = sum_metric(&edges, "edge_refusals_total", None);
     let dropped = sum_metric(&edges, "edge_messages_total", Some("result=\"queue_full\""))
-        + sum_metric(&edges, "edge_messages_total", Some("result=\"rate_limited\""));
+        + sum_metric(
+            &edges,
+            "edge_messages_total",
+            Some("result=\"rate_limited\""),
+        );
     println!("  edge refusals {refused:.0}, edge drops (queue full, rate limited) {dropped:.0}");
     ledger(sims, "a", 0.0);
 
@@ -279,7 +304,9 @@ fn main() {
         None => println!("after killing every edge: NOT all phones back within 300 s"),
     }
     std::thread::sleep(settle + Duration::from_secs(2));
-    println!("  (round b: killed edges lose what they held and what phones wrote to dying sockets)");
+    println!(
+        "  (round b: killed edges lose what they held and what phones wrote to dying sockets)"
+    );
     ledger(sims, "b", judged_before);
     drop(edges);
 
@@ -287,11 +314,19 @@ fn main() {
         transports(tls_ws as usize, bus, &dir);
     }
     let _ = Command::new("redis-cli")
-        .args(["-u", &redis_url, "--scan", "--pattern", &format!("{prefix}*")])
+        .args([
+            "-u",
+            &redis_url,
+            "--scan",
+            "--pattern",
+            &format!("{prefix}*"),
+        ])
         .output()
         .map(|o| {
             for k in String::from_utf8_lossy(&o.stdout).lines() {
-                let _ = Command::new("redis-cli").args(["-u", &redis_url, "DEL", k]).output();
+                let _ = Command::new("redis-cli")
+                    .args(["-u", &redis_url, "DEL", k])
+                    .output();
             }
         });
 }
@@ -382,8 +417,11 @@ fn transports(n: usize, bus: SocketAddr, dir: &Path) {
     let ws_edge = start_edge(999, "off", bus, dir, &[("EDGE_WS_LISTEN", ws.to_string())]);
     measure("WebSocket", ws_edge, &|i| {
         let id = format!("ws{i}");
-        let mut o =
-            rumqttc::MqttOptions::new(id.clone(), format!("ws://127.0.0.1:{}/mqtt", ws.port()), ws.port());
+        let mut o = rumqttc::MqttOptions::new(
+            id.clone(),
+            format!("ws://127.0.0.1:{}/mqtt", ws.port()),
+            ws.port(),
+        );
         o.set_transport(rumqttc::Transport::Ws);
         login(&mut o, &id);
         o

@@ -208,32 +208,36 @@ fn main() {
             if phones_via_edge {
                 // One connection per courier, 10 points a second each (under the edge's
                 // default 20/s per courier), as the phones of a busy city would.
-                sim.args(["--interval", "0.1", "--couriers", &(rate / 10).max(1).to_string()])
-                    .env("EDGE_LISTEN", edge_addr.to_string());
+                sim.args([
+                    "--interval",
+                    "0.1",
+                    "--couriers",
+                    &(rate / 10).max(1).to_string(),
+                ])
+                .env("EDGE_LISTEN", edge_addr.to_string());
             } else {
                 sim.args(["--interval", "1", "--couriers", &rate.to_string()])
                     .args(["--connections", &connections.to_string()]);
             }
-            sim
-                .args([
-                    "--seconds",
-                    &step.to_string(),
-                    "--id-prefix",
-                    &format!("s{n}x"),
-                ])
-                .arg("--report")
-                .arg(&report)
-                .args(
-                    has_fanout
-                        .then(|| ["--orders-api".to_string(), format!("http://{http_addr}")])
-                        .into_iter()
-                        .flatten(),
-                )
-                .arg("--config")
-                .arg(&config)
-                .env("MQTT_URL", format!("mqtt://{mqtt}"))
-                .env("REDIS_URL", &redis_url)
-                .env("RUST_LOG", "warn");
+            sim.args([
+                "--seconds",
+                &step.to_string(),
+                "--id-prefix",
+                &format!("s{n}x"),
+            ])
+            .arg("--report")
+            .arg(&report)
+            .args(
+                has_fanout
+                    .then(|| ["--orders-api".to_string(), format!("http://{http_addr}")])
+                    .into_iter()
+                    .flatten(),
+            )
+            .arg("--config")
+            .arg(&config)
+            .env("MQTT_URL", format!("mqtt://{mqtt}"))
+            .env("REDIS_URL", &redis_url)
+            .env("RUST_LOG", "warn");
             let mut sim = spawn(
                 "simulate",
                 &mut sim,

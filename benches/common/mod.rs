@@ -164,4 +164,3 @@ pub fn spawn(name: &'static str, cmd: &mut Command, log: &Path) -> Proc {
         .unwrap_or_else(|e| panic!("starting {name}: {e}"));
     Proc { name, child }
 }
-

@@ -6,8 +6,8 @@
 use crate::policy::{Bucket, Rate};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 /// Why a connected session is told to end: one wake-up for both, so that a session waits on

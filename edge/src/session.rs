@@ -165,7 +165,8 @@ pub(crate) async fn serve<T: Transport>(
         let end = if shutdown.is_cancelled() {
             End::Shutdown
         } else {
-            s.run(&mut io, a.buf, a.keep_alive, a.expires, &a.kick).await
+            s.run(&mut io, a.buf, a.keep_alive, a.expires, &a.kick)
+                .await
         };
         sh.metrics.logout(&sh.stats);
         end
@@ -500,28 +501,5 @@ mod tests {
         let size = std::mem::size_of_val(&fut);
         eprintln!("session future: {size} bytes");
         assert!(size <= 1024, "session future grew to {size} bytes");
-    }
-}
-
-#[cfg(test)]
-mod size_probe {
-    #[tokio::test]
-    async fn print_sizes() {
-        use crate::transport::Transport;
-        let n = tokio::sync::Notify::new();
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (s, _) = l.accept().unwrap();
-        s.set_nonblocking(true).unwrap();
-        let mut t = crate::transport::Tcp(tokio::net::TcpStream::from_std(s).unwrap());
-        let mut b = bytes::BytesMut::new();
-        let r = std::mem::size_of_val(&t.read_into(&mut b));
-        let w = std::mem::size_of_val(&t.write(b"x"));
-        let rd = std::mem::size_of_val(&t.0.readable());
-        eprintln!("sleep {} notified {} tcpstream {} read_into {r} write {w} readable {rd}",
-            std::mem::size_of::<tokio::time::Sleep>(),
-            std::mem::size_of_val(&n.notified()),
-            std::mem::size_of::<tokio::net::TcpStream>(),
-        );
     }
 }

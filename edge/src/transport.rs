@@ -4,11 +4,11 @@
 //! carry several packets).
 
 use bytes::{Bytes, BytesMut};
-use tokio::net::TcpStream;
 use futures_util::{SinkExt, StreamExt};
 use std::future::Future;
 use std::io;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::{header, HeaderValue, StatusCode};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
