@@ -61,6 +61,8 @@ pub enum EdgeError {
     Tls(String),
     #[error("edge has no listener: set EDGE_LISTEN, EDGE_TLS_LISTEN or EDGE_WS_LISTEN")]
     NoListener,
+    #[error("edge has no bus: its queue was neither taken nor given an MQTT endpoint")]
+    NoBus,
 }
 
 /// The edge of one process, before it binds.
@@ -164,11 +166,7 @@ impl Bound {
                 let (n, stats) = (self.sh.settings.bus_connections, self.sh.stats.clone());
                 Some(tokio::spawn(sink::mqtt(endpoint, n, q, stats)))
             }
-            (Some(_), None) => {
-                return Err(EdgeError::Tls(
-                    "internal: the edge has no bus (take_queue or an MQTT endpoint)".into(),
-                ))
-            }
+            (Some(_), None) => return Err(EdgeError::NoBus),
             (None, _) => {
                 self.sh.stats.bus_up.set(true);
                 None
