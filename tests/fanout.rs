@@ -684,3 +684,44 @@ async fn a_send_interval_sends_the_newest_point_once_per_interval() {
     f.stop().await;
     cleanup_all(&keys).await;
 }
+
+/// One tracking token holds at most `max_sessions_per_token` sessions: a link shared widely
+/// (or a client reconnecting in a loop) cannot take a gateway's connections. A session that
+/// leaves frees its place; another token of the same order has places of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_holds_at_most_its_sessions() {
+    let broker = start_broker(BrokerKind::Embedded);
+    let keys = Keys::with_prefix(&prefix());
+    let config = fanout::FanoutConfig {
+        max_sessions_per_token: 2,
+        ..test_fanout_config()
+    };
+    let f = start_fanout(&broker, keys.clone(), config).await;
+    let token = assign_and_token(&f, "o-cap", "c-cap").await;
+    let (c1, mut rx1) = viewer_v4(f.ws, &token).await;
+    expect(&mut rx1, Seen::Connected).await;
+    let (_c2, mut rx2) = viewer_v5(f.ws, &token).await;
+    expect(&mut rx2, Seen::Connected).await;
+    let (_c3, mut rx3) = viewer_v4(f.ws, &token).await;
+    match next_seen(&mut rx3, 5 * SEC).await {
+        Some(Seen::Closed(e)) => {
+            assert!(e.contains("ConnectionRefused(ServiceUnavailable)"), "{e}")
+        }
+        other => panic!("a third session of the token: {other:?}"),
+    }
+    assert_eq!(f.stats.refused(fanout::Refusal::TokenSessions), 1);
+    // Another token of the same order is not held to the first one's count.
+    let other = signed("o-cap", now() as u64 + 601);
+    assert_ne!(other, token);
+    let (_c4, mut rx4) = viewer_v4(f.ws, &other).await;
+    expect(&mut rx4, Seen::Connected).await;
+    // One leaves: its place is free again.
+    c1.disconnect().await.unwrap();
+    let s = f.stats.clone();
+    assert!(wait_until(5 * SEC, || s.viewers.load(Relaxed) == 2).await);
+    let (_c5, mut rx5) = viewer_v4(f.ws, &token).await;
+    expect(&mut rx5, Seen::Connected).await;
+    assert_eq!(f.stats.refused(fanout::Refusal::TokenSessions), 1);
+    f.stop().await;
+    cleanup_all(&keys).await;
+}

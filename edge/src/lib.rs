@@ -21,13 +21,14 @@ pub mod policy;
 mod registry;
 mod session;
 pub mod sink;
-mod source;
+pub mod source;
 pub mod transport;
 
 pub use config::{ConfigError, EdgeConfig, EdgeSettings, TlsFiles};
 pub use events::{Stats, Via};
 pub use policy::Refusal;
 pub use sink::Queue;
+pub use source::{Door, DoorRefusal, DoorSettings, PendingSlot, Policy};
 
 use bytes::Bytes;
 use courier_auth::Keyring;
@@ -36,10 +37,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 /// One message for the bus: a courier's point or status, or a Will the edge publishes for him.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,7 +76,7 @@ pub struct Edge {
 /// An edge whose listeners are bound (ports taken), ready to run.
 pub struct Bound {
     sh: Arc<session::Shared>,
-    listeners: Vec<(TcpListener, source::Kind, Via)>,
+    door: Door,
     queue: Option<Queue>,
 }
 
@@ -97,26 +96,18 @@ impl Edge {
                 "open-file limit is below edge.max_connections: the limit decides (run more edge processes on the port)"
             );
         }
-        let mut listeners = Vec::new();
-        for &a in &s.tcp {
-            listeners.push((source::bind(a, s.reuse_port)?, source::Kind::Tcp, Via::Tcp));
-        }
-        if !s.tls.is_empty() {
-            let files = s.tls_files.as_ref().ok_or_else(|| {
-                EdgeError::Tls("EDGE_TLS_LISTEN needs EDGE_TLS_CERT and EDGE_TLS_KEY".into())
-            })?;
-            let acceptor = source::tls_acceptor(files)?;
-            for &a in &s.tls {
-                listeners.push((
-                    source::bind(a, s.reuse_port)?,
-                    source::Kind::Tls(acceptor.clone()),
-                    Via::Tls,
-                ));
-            }
-        }
-        for &a in &s.ws {
-            listeners.push((source::bind(a, s.reuse_port)?, source::Kind::Ws, Via::Ws));
-        }
+        let door = Door::bind(
+            &s.tcp,
+            &s.tls,
+            s.tls_files.as_ref(),
+            &s.ws,
+            DoorSettings {
+                max_pending: s.max_pending,
+                connect_timeout: s.connect_timeout,
+                max_packet_bytes: s.max_packet_bytes,
+                reuse_port: s.reuse_port,
+            },
+        )?;
         let (tx, rx) = mpsc::channel(s.queue_capacity);
         let sh = Arc::new(session::Shared {
             keys: self.keys,
@@ -125,14 +116,13 @@ impl Edge {
             registry: Default::default(),
             metrics: events::Metrics::new(),
             stats: self.stats,
-            pending: AtomicUsize::new(0),
             connected: AtomicUsize::new(0),
             next_conn: AtomicU64::new(0),
             epoch: std::time::Instant::now(),
         });
         Ok(Bound {
             sh,
-            listeners,
+            door,
             queue: Some(Queue { rx }),
         })
     }
@@ -141,10 +131,7 @@ impl Edge {
 impl Bound {
     /// The addresses bound (port 0 resolved), by transport.
     pub fn local_addrs(&self) -> Vec<(Via, SocketAddr)> {
-        self.listeners
-            .iter()
-            .filter_map(|(l, _, via)| Some((*via, l.local_addr().ok()?)))
-            .collect()
+        self.door.local_addrs()
     }
 
     /// The queue to the bus, for a caller that drains it itself (the embedded broker's link).
@@ -172,22 +159,9 @@ impl Bound {
                 None
             }
         };
-        let sessions = TaskTracker::new();
-        let accepts = TaskTracker::new();
-        for (l, kind, _) in self.listeners.drain(..) {
-            accepts.spawn(source::accept(
-                self.sh.clone(),
-                l,
-                kind,
-                sessions.clone(),
-                shutdown.clone(),
-            ));
-        }
-        accepts.close();
-        accepts.wait().await;
+        let sessions = self.door.run(self.sh.clone(), shutdown).await;
         // Sessions that logged in wait on their kick only (not on `shutdown`): tell them.
         self.sh.registry.stop_all();
-        sessions.close();
         if tokio::time::timeout(Duration::from_secs(2), sessions.wait())
             .await
             .is_err()

@@ -10,6 +10,7 @@ use crate::codec::{self, Ack, CloseReason, ConnectOutcome, Inbound, Limits, Vers
 use crate::events::{Metrics, Stats, Via};
 use crate::policy::{self, Login, Refusal, Verdict};
 use crate::registry::{Kick, Registry};
+use crate::source::{DoorRefusal, PendingSlot};
 use crate::transport::Transport;
 use crate::{EdgeSettings, Message};
 use bytes::{Bytes, BytesMut};
@@ -34,8 +35,6 @@ pub(crate) struct Shared {
     pub registry: Registry,
     pub metrics: Metrics,
     pub stats: Arc<Stats>,
-    /// Sockets accepted and not yet logged in.
-    pub pending: AtomicUsize,
     /// Phones logged in.
     pub connected: AtomicUsize,
     pub next_conn: AtomicU64,
@@ -56,23 +55,25 @@ impl Shared {
     }
 }
 
-/// A socket accepted and not logged in yet; counted while it lives.
-pub(crate) struct PendingSlot(pub Arc<Shared>);
-
-impl PendingSlot {
-    /// Takes a slot; `None` when `max_pending` sockets are pending already.
-    pub fn take(sh: &Arc<Shared>) -> Option<Self> {
-        if sh.pending.fetch_add(1, Relaxed) >= sh.settings.max_pending {
-            sh.pending.fetch_sub(1, Relaxed);
-            return None;
-        }
-        Some(PendingSlot(sh.clone()))
+impl crate::source::Policy for Shared {
+    fn serve<T: Transport + 'static>(
+        self: Arc<Self>,
+        io: T,
+        via: Via,
+        slot: PendingSlot,
+        deadline: Instant,
+        shutdown: CancellationToken,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        serve(self, io, via, slot, deadline, shutdown)
     }
-}
 
-impl Drop for PendingSlot {
-    fn drop(&mut self) {
-        self.0.pending.fetch_sub(1, Relaxed);
+    fn refused_at_door(&self, why: DoorRefusal) {
+        let r = match why {
+            DoorRefusal::Full => Refusal::Full,
+            DoorRefusal::Handshake { via: Via::Ws, .. } => Refusal::WebSocket,
+            DoorRefusal::Handshake { .. } => Refusal::Tls,
+        };
+        self.metrics.refused(&self.stats, r);
     }
 }
 
@@ -489,7 +490,7 @@ mod tests {
         let (s, _) = l.accept().unwrap();
         s.set_nonblocking(true).unwrap();
         let stream = tokio::net::TcpStream::from_std(s).unwrap();
-        let slot = PendingSlot::take(&sh).unwrap();
+        let slot = PendingSlot::detached();
         let fut = serve(
             sh,
             crate::transport::Tcp(stream),

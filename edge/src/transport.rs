@@ -22,7 +22,7 @@ pub const SUBPROTOCOL: &str = "mqtt";
 
 /// What a session needs of its connection. Reads must be cancel-safe: the session races them
 /// against its timers.
-pub trait Transport: Send {
+pub trait Transport: Send + Sync {
     /// Appends what has arrived to `out`; `Ok(0)` when the peer closed. `out` is usually empty
     /// and unallocated: an idle connection holds no buffer.
     fn read_into<'a>(
@@ -72,7 +72,7 @@ impl Transport for Tcp {
 /// A byte stream that needs a buffer to read into: TLS over TCP.
 pub struct Stream<T>(pub T);
 
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for Stream<T> {
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync> Transport for Stream<T> {
     async fn read_into(&mut self, out: &mut BytesMut) -> io::Result<usize> {
         let mut chunk = [0u8; CHUNK];
         let n = self.0.read(&mut chunk).await?;
@@ -101,7 +101,7 @@ impl<S> Ws<S> {
     }
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin + Send> Transport for Ws<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + Sync> Transport for Ws<S> {
     async fn read_into(&mut self, out: &mut BytesMut) -> io::Result<usize> {
         loop {
             // `next()` is cancel-safe: a frame is either returned or still in the stream.

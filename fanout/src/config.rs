@@ -24,6 +24,9 @@ pub struct FanoutConfig {
     /// Viewers one gateway process holds; more are refused (`reason="max_viewers"`). Also
     /// bounded by the process's open-file limit.
     pub max_viewers: usize,
+    /// Sessions one tracking token may hold at once (a customer's phone and laptop, a
+    /// restaurant's screens); more are refused (`reason="token_sessions"`).
+    pub max_sessions_per_token: usize,
     /// The WebSocket URL handed out with a token; unset: `ws://<WS_LISTEN>/mqtt`.
     pub public_ws_url: Option<String>,
     /// Time a new connection has to finish the WebSocket handshake and send CONNECT.
@@ -45,6 +48,7 @@ impl std::fmt::Debug for FanoutConfig {
             .field("send_interval", &self.send_interval)
             .field("queue_capacity", &self.queue_capacity)
             .field("max_viewers", &self.max_viewers)
+            .field("max_sessions_per_token", &self.max_sessions_per_token)
             .field("public_ws_url", &self.public_ws_url)
             .field("connect_timeout", &self.connect_timeout)
             .field("max_packet_bytes", &self.max_packet_bytes)
@@ -61,6 +65,7 @@ impl Default for FanoutConfig {
             send_interval: Duration::ZERO,
             queue_capacity: 16,
             max_viewers: 50_000,
+            max_sessions_per_token: 4,
             public_ws_url: None,
             connect_timeout: Duration::from_secs(5),
             max_packet_bytes: 4096,
@@ -89,6 +94,7 @@ impl FanoutConfig {
         for (name, v) in [
             ("fanout.queue_capacity", self.queue_capacity),
             ("fanout.max_viewers", self.max_viewers),
+            ("fanout.max_sessions_per_token", self.max_sessions_per_token),
         ] {
             if v == 0 {
                 return Err(format!("{name} must be at least 1"));

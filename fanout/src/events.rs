@@ -28,10 +28,13 @@ pub enum Refusal {
     /// Redis could not be asked whether the order runs; the viewer is told to retry
     /// (CONNACK server unavailable / busy).
     Unavailable,
+    /// The token is in `max_sessions_per_token` sessions already (a leaked tracking link
+    /// shared widely, or a client reconnecting in a loop without closing).
+    TokenSessions,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 9] = [
+    pub const ALL: [Refusal; 10] = [
         Refusal::BadToken,
         Refusal::ExpiredToken,
         Refusal::OrderEnded,
@@ -41,6 +44,7 @@ impl Refusal {
         Refusal::Timeout,
         Refusal::MaxViewers,
         Refusal::Unavailable,
+        Refusal::TokenSessions,
     ];
 
     /// The `reason` label.
@@ -55,6 +59,7 @@ impl Refusal {
             Refusal::Timeout => "timeout",
             Refusal::MaxViewers => "max_viewers",
             Refusal::Unavailable => "unavailable",
+            Refusal::TokenSessions => "token_sessions",
         }
     }
 

@@ -1,20 +1,25 @@
-//! The viewer gateway: a WebSocket listener (path `/mqtt`, subprotocol `mqtt`) whose every
-//! connection is one [`crate::session`]. It never publishes to the broker; viewers only
-//! receive.
+//! The viewer gateway: the viewer policy behind the edge's door (its WebSocket listener on
+//! `/mqtt`, subprotocol `mqtt`, handshakes under the connect deadline, the bound on connections
+//! not logged in yet); every connection is one [`crate::session`]. It never publishes to the
+//! broker; viewers only receive.
 
 use crate::config::FanoutConfig;
 use crate::error::FanoutError;
+use crate::events::Refusal;
 use crate::events::{Metrics, Stats};
 use crate::hub::Hub;
 use crate::session;
 use courier_auth::Keyring;
 use courier_wire::Keys;
+use edge::transport::Transport;
+use edge::{DoorRefusal, DoorSettings, PendingSlot, Via};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 /// What every session of one process shares.
 pub(crate) struct Gateway {
@@ -25,8 +30,11 @@ pub(crate) struct Gateway {
     pub config: FanoutConfig,
     pub metrics: Arc<Metrics>,
     pub stats: Arc<Stats>,
-    /// Open connections (handshaking or connected).
+    /// Open connections past their WebSocket handshake.
     pub connections: AtomicUsize,
+    /// Sessions by tracking token (a hash of it: the token itself is a secret).
+    pub token_sessions: Mutex<HashMap<u64, usize>>,
+    pub token_hasher: std::hash::RandomState,
 }
 
 /// One open connection; counted while it lives.
@@ -46,31 +54,88 @@ impl Drop for Slot<'_> {
     }
 }
 
-/// Accepts viewers until `shutdown`; then tells every session to close and waits briefly.
+/// One session of a token; counted while it lives.
+pub(crate) struct TokenSlot<'a> {
+    gw: &'a Gateway,
+    key: u64,
+}
+
+impl Gateway {
+    /// Counts a session of `token`; `None` when it has `max_sessions_per_token` already.
+    pub(crate) fn token_slot(&self, token: &str) -> Option<TokenSlot<'_>> {
+        use std::hash::BuildHasher;
+        let key = self.token_hasher.hash_one(token);
+        let mut map = self
+            .token_sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let n = map.entry(key).or_insert(0);
+        if *n >= self.config.max_sessions_per_token {
+            return None;
+        }
+        *n += 1;
+        Some(TokenSlot { gw: self, key })
+    }
+}
+
+impl Drop for TokenSlot<'_> {
+    fn drop(&mut self) {
+        let mut map = self
+            .gw
+            .token_sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl edge::Policy for Gateway {
+    fn serve<T: Transport + 'static>(
+        self: Arc<Self>,
+        io: T,
+        _via: Via,
+        slot: PendingSlot,
+        deadline: Instant,
+        shutdown: CancellationToken,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        session::run(self, io, slot, deadline, shutdown)
+    }
+
+    fn refused_at_door(&self, why: DoorRefusal) {
+        let r = match why {
+            DoorRefusal::Full => Refusal::MaxViewers,
+            DoorRefusal::Handshake {
+                timed_out: true, ..
+            } => Refusal::Timeout,
+            DoorRefusal::Handshake { .. } => Refusal::Protocol,
+        };
+        self.metrics.refused(&self.stats, r);
+    }
+}
+
+/// Accepts viewers until `shutdown`; then the sessions close (each watches `shutdown`) and
+/// this waits briefly for them.
 pub(crate) async fn serve(
     gw: Arc<Gateway>,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), FanoutError> {
-    let tasks = TaskTracker::new();
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            r = listener.accept() => match r {
-                Ok((stream, _)) => {
-                    let _ = stream.set_nodelay(true);
-                    tasks.spawn(session::run(gw.clone(), stream, shutdown.clone()));
-                }
-                Err(e) => {
-                    // Out of file descriptors or a reset during accept: the listener itself
-                    // is fine; slow down instead of spinning.
-                    tracing::warn!(error = %e, "gateway accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-    tasks.close();
+    let door = edge::Door::websocket(
+        listener,
+        DoorSettings {
+            // Handshakes and CONNECTs in progress; logged-in viewers are bounded by max_viewers.
+            max_pending: gw.config.max_viewers.min(4096),
+            connect_timeout: gw.config.connect_timeout,
+            max_packet_bytes: gw.config.max_packet_bytes,
+            reuse_port: false,
+        },
+    );
+    let tasks = door.run(gw, shutdown).await;
     if tokio::time::timeout(Duration::from_secs(2), tasks.wait())
         .await
         .is_err()

@@ -114,6 +114,8 @@ impl Fanout {
             metrics,
             stats: self.stats,
             connections: AtomicUsize::new(0),
+            token_sessions: Default::default(),
+            token_hasher: Default::default(),
         });
         Ok(Prepared {
             gateway,

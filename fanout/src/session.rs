@@ -1,7 +1,8 @@
-//! One viewer connection: WebSocket handshake, CONNECT with the tracking token, SUBSCRIBE to
-//! its order only, then the order's points from its bounded queue until the viewer leaves,
-//! its token expires, its order ends or the process stops. Every write is raced against
-//! those ends, so a viewer whose socket is stuck is still closed within a second.
+//! One viewer connection (the viewer policy of the edge's door: the door did the WebSocket
+//! handshake): CONNECT with the tracking token, SUBSCRIBE to its order only, then the order's
+//! points from its bounded queue until the viewer leaves, its token expires, its order ends or
+//! the process stops. Every write is raced against those ends, so a viewer whose socket is
+//! stuck is still closed within a second.
 
 use crate::authz::{self, Grant};
 use crate::codec::{self, CloseReason, ConnectOutcome, Inbound, Version};
@@ -11,38 +12,29 @@ use crate::hub::Viewer;
 use crate::queue::Pacer;
 use bytes::{Bytes, BytesMut};
 use courier_wire::clock::unix_now;
-use edge::transport::{check_upgrade, ws_config};
-use futures_util::{SinkExt, StreamExt};
+use edge::transport::Transport;
+use edge::PendingSlot;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpStream;
-use tokio::time::{sleep_until, timeout, Instant};
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::WebSocketStream;
+use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 use tokio_util::sync::CancellationToken;
-
-type Ws = WebSocketStream<TcpStream>;
 
 /// How long the goodbye (DISCONNECT, close frame) may take before the socket is dropped.
 const GOODBYE: Duration = Duration::from_millis(200);
 
-pub(crate) async fn run(gw: Arc<Gateway>, stream: TcpStream, shutdown: CancellationToken) {
+pub(crate) async fn run<T: Transport>(
+    gw: Arc<Gateway>,
+    mut ws: T,
+    pending: PendingSlot,
+    deadline: Instant,
+    shutdown: CancellationToken,
+) {
     let (_slot, has_room) = gw.slot();
     let cfg = &gw.config;
-    let accept = tokio_tungstenite::accept_hdr_async_with_config(
-        stream,
-        check_upgrade,
-        Some(ws_config(cfg.max_packet_bytes)),
-    );
-    let mut ws = match timeout(cfg.connect_timeout, accept).await {
-        Ok(Ok(ws)) => ws,
-        Ok(Err(_)) => return gw.metrics.refused(&gw.stats, Refusal::Protocol),
-        Err(_) => return gw.metrics.refused(&gw.stats, Refusal::Timeout),
-    };
     let mut buf = BytesMut::new();
     let first = tokio::select! {
-        r = timeout(cfg.connect_timeout, next_packet(&mut ws, &mut buf, None, cfg.max_packet_bytes)) => r,
+        r = timeout_at(deadline, next_packet(&mut ws, &mut buf, None, cfg.max_packet_bytes)) => r,
         _ = shutdown.cancelled() => return,
     };
     let (version, keep_alive, password) = match first {
@@ -69,6 +61,16 @@ pub(crate) async fn run(gw: Arc<Gateway>, stream: TcpStream, shutdown: Cancellat
     let grant = match authz::check_token(&gw.keyring, password.as_deref(), unix_now() as u64) {
         Ok(g) => g,
         Err(why) => return refuse(&gw, &mut ws, version, ConnectOutcome::NotAuthorized, why).await,
+    };
+    let Some(_token_slot) = gw.token_slot(password.as_deref().unwrap_or_default()) else {
+        return refuse(
+            &gw,
+            &mut ws,
+            version,
+            ConnectOutcome::Busy,
+            Refusal::TokenSessions,
+        )
+        .await;
     };
     // The order must still run: `delivered` removes it from order:courier.
     let mut redis = gw.redis.clone();
@@ -132,12 +134,10 @@ pub(crate) async fn run(gw: Arc<Gateway>, stream: TcpStream, shutdown: Cancellat
             .await
         }
     };
+    drop(pending);
     if timeout(
         GOODBYE * 5,
-        ws.send(Message::Binary(codec::connack(
-            version,
-            ConnectOutcome::Accepted,
-        ))),
+        ws.write(&codec::connack(version, ConnectOutcome::Accepted)),
     )
     .await
     .map_or(true, |r| r.is_err())
@@ -172,9 +172,9 @@ pub(crate) async fn run(gw: Arc<Gateway>, stream: TcpStream, shutdown: Cancellat
 }
 
 /// Answers CONNECT with a refusal, counts it, and closes.
-async fn refuse(
+async fn refuse<T: Transport>(
     gw: &Gateway,
-    ws: &mut Ws,
+    ws: &mut T,
     version: Version,
     outcome: ConnectOutcome,
     why: Refusal,
@@ -182,8 +182,9 @@ async fn refuse(
     gw.metrics.refused(&gw.stats, why);
     let ack = codec::connack(version, outcome);
     let _ = timeout(GOODBYE, async {
-        ws.send(Message::Binary(ack)).await?;
-        ws.close(None).await
+        if ws.write(&ack).await.is_ok() {
+            ws.close().await
+        }
     })
     .await;
 }
@@ -195,8 +196,8 @@ fn token_deadline(g: &Grant) -> Instant {
 }
 
 /// Reads until one whole MQTT packet is there: `Ok(None)` when the viewer closed.
-async fn next_packet(
-    ws: &mut Ws,
+async fn next_packet<T: Transport>(
+    ws: &mut T,
     buf: &mut BytesMut,
     version: Option<Version>,
     max: usize,
@@ -205,18 +206,19 @@ async fn next_packet(
         if let Some(p) = codec::decode(version, buf, max).map_err(|_| ())? {
             return Ok(Some(p));
         }
-        match ws.next().await {
-            Some(Ok(Message::Binary(b))) => buf.extend_from_slice(&b),
-            Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
-            Some(Ok(Message::Text(_))) => return Err(()),
-            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return Ok(None),
+        match ws.read_into(buf).await {
+            Ok(0) => return Ok(None),
+            Ok(_) => {}
+            // A text frame (MQTT over WebSocket is binary) or a broken stream.
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => return Err(()),
+            Err(_) => return Ok(None),
         }
     }
 }
 
-struct Session<'a> {
+struct Session<'a, T> {
     gw: &'a Gateway,
-    ws: Ws,
+    ws: T,
     buf: BytesMut,
     version: Version,
     topic: String,
@@ -237,7 +239,7 @@ enum Cut {
     End(CloseReason),
 }
 
-impl Session<'_> {
+impl<T: Transport> Session<'_, T> {
     /// Runs until the end; `Some(reason)` when the gateway closes (and should say why).
     async fn serve(&mut self, shutdown: &CancellationToken) -> Option<CloseReason> {
         let mut last_in = Instant::now();
@@ -267,19 +269,16 @@ impl Session<'_> {
                     self.send_pending(&mut pace_wait, shutdown).await
                 }
                 _ = self.viewer.ready.notified(), if pace_wait.is_none() => self.send_pending(&mut pace_wait, shutdown).await,
-                msg = self.ws.next() => {
+                r = self.ws.read_into(&mut self.buf) => {
                     last_in = Instant::now();
-                    match msg {
-                        Some(Ok(Message::Binary(b))) => {
-                            self.buf.extend_from_slice(&b);
-                            self.handle_packets(shutdown).await
-                        }
-                        Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => Ok(()),
-                        Some(Ok(Message::Text(_))) => {
+                    match r {
+                        Ok(0) => Err(Cut::Gone),
+                        Ok(_) => self.handle_packets(shutdown).await,
+                        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
                             self.gw.metrics.refused(&self.gw.stats, Refusal::Protocol);
                             Err(Cut::End(CloseReason::ProtocolError))
                         }
-                        Some(Ok(Message::Close(_))) | Some(Err(_)) | None => Err(Cut::Gone),
+                        Err(_) => Err(Cut::Gone),
                     }
                 }
             };
@@ -297,13 +296,13 @@ impl Session<'_> {
         frames: impl IntoIterator<Item = Bytes>,
         shutdown: &CancellationToken,
     ) -> Result<(), Cut> {
+        // One write for the batch: a WebSocket message may carry several MQTT packets.
+        let mut out = BytesMut::new();
+        for f in frames {
+            out.extend_from_slice(&f);
+        }
         let ws = &mut self.ws;
-        let write = async {
-            for f in frames {
-                ws.feed(Message::Binary(f)).await?;
-            }
-            ws.flush().await
-        };
+        let write = ws.write(&out);
         tokio::select! {
             r = write => r.map_err(|_| Cut::Gone),
             _ = self.viewer.ended.cancelled() => Err(Cut::End(CloseReason::NotAuthorized)),
@@ -440,9 +439,11 @@ impl Session<'_> {
         let bye = codec::disconnect(self.version, reason);
         let _ = timeout(GOODBYE, async {
             if let Some(d) = bye {
-                ws.send(Message::Binary(d)).await?;
+                if ws.write(&d).await.is_err() {
+                    return;
+                }
             }
-            ws.close(None).await
+            ws.close().await
         })
         .await;
     }

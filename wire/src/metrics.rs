@@ -38,7 +38,7 @@ pub const BROKER_ALERTS_OTHER: &str = "broker_alerts_other_total";
 /// Gauge: viewers connected to this gateway process (CONNECT accepted, not yet gone).
 pub const FANOUT_VIEWERS_CONNECTED: &str = "fanout_viewers_connected";
 /// Counter, label `reason`: bad_token | expired_token | order_ended | filter | publish |
-/// protocol | timeout | max_viewers | unavailable. Viewers refused at CONNECT, SUBSCRIBE filters refused,
+/// protocol | timeout | max_viewers | unavailable | token_sessions. Viewers refused at CONNECT, SUBSCRIBE filters refused,
 /// viewers disconnected for publishing or for breaking the protocol.
 pub const FANOUT_REFUSALS: &str = "fanout_refusals_total";
 /// Counter: PUBLISH packets written to viewers.
