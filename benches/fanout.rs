@@ -194,7 +194,7 @@ async fn run() {
     let dir = std::env::temp_dir().join(format!("fanout-bench-{:x}", rand::random::<u64>()));
     std::fs::create_dir_all(&dir).unwrap();
     let conf = dir.join("bench.toml");
-    std::fs::write(&conf, format!("[redis]\nkey_prefix = \"{prefix}\"\n[fanout]\nmax_viewers = 100000\nqueue_capacity = 64\n")).unwrap();
+    std::fs::write(&conf, format!("[redis]\nkey_prefix = \"{prefix}\"\n[fanout]\nmax_viewers = 100000\nqueue_capacity = 64\n# Many viewers share each order's token here.\nmax_sessions_per_token = 100000\n")).unwrap();
     let (http, ws) = (free_addr(), free_addr());
     let bin = env!("CARGO_BIN_EXE_courier-pipeline");
     let (gw_metrics, ingest_metrics) = (free_addr(), free_addr());
