@@ -123,7 +123,10 @@ impl Edge {
         Ok(Bound {
             sh,
             door,
-            queue: Some(Queue { rx }),
+            queue: Some(Queue {
+                rx,
+                depth: metrics::gauge!(courier_wire::metrics::EDGE_QUEUE_DEPTH),
+            }),
         })
     }
 }

@@ -350,10 +350,14 @@ impl Session<'_> {
         if let Err(end) = Box::pin(self.handle(io, &mut buf)).await {
             return end;
         }
+        // Registered once: a fresh `notified()` per wake-up would take the Notify's lock twice
+        // for every point.
+        let kicked = kick.notified();
+        tokio::pin!(kicked);
         loop {
             let wake = tokio::select! {
                 biased;
-                _ = kick.notified() => Wake::End(if kick.stopping() { End::Shutdown } else { End::TakenOver }),
+                _ = &mut kicked => Wake::End(if kick.stopping() { End::Shutdown } else { End::TakenOver }),
                 _ = &mut timer => Wake::Timer,
                 r = io.read_into(&mut buf) => Wake::Read(r),
             };

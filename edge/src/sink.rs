@@ -20,6 +20,7 @@ use tokio_util::task::TaskTracker;
 /// The receiving end of the edge's bounded queue to the bus.
 pub struct Queue {
     pub(crate) rx: mpsc::Receiver<Message>,
+    pub(crate) depth: metrics::Gauge,
 }
 
 impl Queue {
@@ -28,14 +29,14 @@ impl Queue {
     /// empty.
     pub fn blocking_recv_many(&mut self, out: &mut Vec<Message>, limit: usize) -> usize {
         let n = self.rx.blocking_recv_many(out, limit);
-        metrics::gauge!(m::EDGE_QUEUE_DEPTH).set(self.rx.len() as f64);
+        self.depth.set(self.rx.len() as f64);
         n
     }
 
     /// Async form of [`Queue::blocking_recv_many`].
     pub async fn recv_many(&mut self, out: &mut Vec<Message>, limit: usize) -> usize {
         let n = self.rx.recv_many(out, limit).await;
-        metrics::gauge!(m::EDGE_QUEUE_DEPTH).set(self.rx.len() as f64);
+        self.depth.set(self.rx.len() as f64);
         n
     }
 }
