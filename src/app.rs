@@ -174,7 +174,14 @@ pub async fn run(
     let history_stats = Arc::new(history_writer::Stats::default());
     if let Some(every) = opts.status_every {
         let history = role.runs(Role::History).then(|| history_stats.clone());
-        tokio::spawn(status_line(stats.clone(), history, every, shutdown.clone()));
+        let edge = phones.is_some().then(|| edge_stats.clone());
+        tokio::spawn(status_line(
+            stats.clone(),
+            history,
+            edge,
+            every,
+            shutdown.clone(),
+        ));
     }
 
     let mut roles: JoinSet<Result<(), AppError>> = JoinSet::new();
@@ -316,6 +323,7 @@ pub async fn run(
 async fn status_line(
     stats: Arc<Stats>,
     history: Option<Arc<history_writer::Stats>>,
+    edge: Option<Arc<edge::Stats>>,
     every: Duration,
     shutdown: CancellationToken,
 ) {
@@ -335,8 +343,16 @@ async fn status_line(
                 h.buffer_depth.load(Relaxed)
             )
         });
+        let edge = edge.as_ref().map_or(String::new(), |e| {
+            format!(
+                "phones {} (refused {}, rate-limited {}) | ",
+                e.connected.load(Relaxed),
+                e.refused_total(),
+                e.rate_limited.load(Relaxed)
+            )
+        });
         println!(
-            "status: in {:>7.0}/s | accepted {} stale {} invalid {} | tracks {} | queue drops {} | redis errors {} | evicted {} | broker loss alerts {}{history}",
+            "status: {edge}in {:>7.0}/s | accepted {} stale {} invalid {} | tracks {} | queue drops {} | redis errors {} | evicted {} | broker loss alerts {}{history}",
             (received - last) as f64 / every.as_secs_f64(),
             stats.accepted.load(Relaxed),
             stats.stale.load(Relaxed),
