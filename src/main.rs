@@ -272,7 +272,20 @@ fn real_main() -> anyhow::Result<()> {
         edge_ws_listen: cli.edge_ws_listen.clone(),
     })?;
 
-    let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+    // A separate edge process runs on `edge.threads` (1 by default): its work is waking sessions
+    // for their sockets, and one thread spares the cross-thread wake-ups (futex) of a
+    // multi-thread scheduler. More cores: more edge processes on the same port (SO_REUSEPORT).
+    let runtime = match (&cli.command, config.edge.threads) {
+        (Command::Edge(_), 1) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        (Command::Edge(_), n) if n > 1 => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Runtime::new(),
+    }
+    .context("starting the tokio runtime")?;
     runtime.block_on(async move {
         let shutdown = CancellationToken::new();
         tokio::spawn(signals(shutdown.clone()));

@@ -49,6 +49,10 @@ pub struct EdgeConfig {
     pub queue_capacity: usize,
     /// MQTT connections to the bus of a separate edge process (`courier-pipeline edge`).
     pub bus_connections: usize,
+    /// Threads of a separate edge process (`courier-pipeline edge`); `0`: one per core. One
+    /// thread spares the cross-thread wake-ups of a multi-thread scheduler (7.7 against 8.2-8.6 µs
+    /// per point here); run one edge process per core on the same port instead.
+    pub threads: usize,
 }
 
 impl Default for EdgeConfig {
@@ -68,6 +72,7 @@ impl Default for EdgeConfig {
             rate_burst: 2000.0,
             queue_capacity: 65_536,
             bus_connections: 2,
+            threads: 1,
         }
     }
 }
@@ -109,6 +114,7 @@ pub struct EdgeSettings {
     pub rate: Rate,
     pub queue_capacity: usize,
     pub bus_connections: usize,
+    pub threads: usize,
 }
 
 fn addrs(setting: &'static str, v: Option<&str>) -> Result<Vec<SocketAddr>, ConfigError> {
@@ -192,6 +198,7 @@ impl EdgeConfig {
             },
             queue_capacity: self.queue_capacity,
             bus_connections: self.bus_connections,
+            threads: self.threads,
         })
     }
 }
