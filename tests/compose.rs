@@ -48,6 +48,27 @@ fn host_port(url: &str) -> (String, u16) {
     (h.to_string(), p.parse().unwrap())
 }
 
+/// Secrets have no fallback in the file: a default would be a key published in this repository,
+/// used silently wherever the variable is unset. `${VAR:?message}` makes compose refuse instead.
+#[test]
+fn secrets_have_no_published_default() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docker-compose.yaml"))
+        .unwrap();
+    for secret in ["AUTH_KEYS", "SERVICE_KEY", "POSTGRES_PASSWORD"] {
+        let uses: Vec<&str> = text
+            .match_indices(&format!("${{{secret}"))
+            .map(|(i, _)| &text[i..i + text[i..].find('}').unwrap() + 1])
+            .collect();
+        assert!(!uses.is_empty(), "{secret} is not used");
+        for u in uses {
+            assert!(
+                u.starts_with(&format!("${{{secret}:?")),
+                "{u}: a secret must be required (`${{{secret}:?...}}`), not defaulted"
+            );
+        }
+    }
+}
+
 #[test]
 fn compose_matches_the_cli_contract() {
     let c = compose();

@@ -61,6 +61,8 @@ pub enum KeyringError {
     ShortSecret(String),
     #[error("expected kid:secret[,kid:secret...], got an entry without ':'")]
     Syntax,
+    #[error("key id {0:?} is listed twice")]
+    DuplicateKeyId(String),
 }
 
 /// Signing keys by id; the first one given signs, all of them verify.
@@ -104,7 +106,11 @@ impl Keyring {
                 return Err(KeyringError::ShortSecret(kid));
             }
             current.get_or_insert_with(|| kid.clone());
-            keys.insert(kid, secret.as_ref().to_vec());
+            // A second secret under one id would silently replace the first: `k1:new,k1:old`
+            // would sign with `old`.
+            if keys.insert(kid.clone(), secret.as_ref().to_vec()).is_some() {
+                return Err(KeyringError::DuplicateKeyId(kid));
+            }
         }
         Ok(Keyring {
             current: current.ok_or(KeyringError::Empty)?,
@@ -245,6 +251,10 @@ mod tests {
             KeyringError::ShortSecret("k1".into())
         );
         assert_eq!(Keyring::parse("nocolon").unwrap_err(), KeyringError::Syntax);
+        assert_eq!(
+            Keyring::parse("k1:0123456789abcdef-new,k1:0123456789abcdef-old").unwrap_err(),
+            KeyringError::DuplicateKeyId("k1".into())
+        );
         assert!(matches!(
             Keyring::parse("a.b:0123456789abcdef"),
             Err(KeyringError::BadKeyId(_))

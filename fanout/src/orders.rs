@@ -324,6 +324,14 @@ async fn event(
 }
 
 /// `Idempotency-Key`: 1-200 visible ASCII characters.
+/// The Redis key of one event's idempotency record. Both the order id and the client's key may
+/// hold `:`, so the order id is written with its length first: order `a` with key `b:k` and order
+/// `a:b` with key `k` would otherwise share one record (the second `delivered` would replay the
+/// first answer and never end its order).
+fn idempotency_record(prefix: &str, order: &str, key: &str) -> String {
+    format!("{prefix}{}:{order}:{key}", order.len())
+}
+
 fn idempotency_key(headers: &HeaderMap) -> Result<&str, ApiError> {
     let k = headers
         .get("idempotency-key")
@@ -371,7 +379,7 @@ async fn event_inner(
     let mut conn = api.redis.clone();
     let (outcome, record): (String, String) = api
         .event
-        .key(format!("{}{order}:{key}", api.keys.order_event_idem))
+        .key(idempotency_record(&api.keys.order_event_idem, order, key))
         .key(&api.keys.order_courier)
         .key(&api.keys.order)
         .key(&api.keys.orders_ended)
@@ -444,6 +452,16 @@ mod tests {
         assert!(same_secret(b"abcdef0123456789", b"abcdef0123456789"));
         assert!(!same_secret(b"abcdef0123456789", b"abcdef012345678"));
         assert!(!same_secret(b"abcdef0123456789", b"abcdef012345678X"));
+    }
+
+    #[test]
+    fn idempotency_records_of_two_orders_never_collide() {
+        let p = "order:event:";
+        assert_ne!(
+            idempotency_record(p, "a", "b:k"),
+            idempotency_record(p, "a:b", "k")
+        );
+        assert_eq!(idempotency_record(p, "o-1", "evt"), "order:event:3:o-1:evt");
     }
 
     #[test]

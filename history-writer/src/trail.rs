@@ -92,6 +92,15 @@ impl IntoResponse for Refusal {
     }
 }
 
+/// The one answer every failed token gets: telling a caller why (expired, forged, unknown key)
+/// would help him forge the next one. The reason goes to the log and to
+/// `trail_token_refusals_total{reason}`.
+fn unauthorized(reason: &'static str) -> Refusal {
+    metrics::counter!(courier_wire::metrics::TRAIL_TOKEN_REFUSALS, "reason" => reason).increment(1);
+    tracing::info!(reason, "trail request refused: token");
+    Refusal::new(StatusCode::UNAUTHORIZED, "a valid bearer token is required")
+}
+
 /// One point as read.
 struct Fix {
     seq: i64,
@@ -258,13 +267,20 @@ async fn answer(
         })
         .map(str::trim)
         .filter(|t| !t.is_empty())
-        .ok_or_else(|| Refusal::new(StatusCode::UNAUTHORIZED, "a bearer token is required"))?;
+        .ok_or_else(|| unauthorized("missing"))?;
     let now = (trail.inner.clock)();
     let claims = trail
         .inner
         .keyring
         .verify(token, now.max(0.0) as u64)
-        .map_err(|e| Refusal::new(StatusCode::UNAUTHORIZED, e.to_string()))?;
+        .map_err(|e| {
+            unauthorized(match e {
+                courier_auth::TokenError::Malformed => "malformed",
+                courier_auth::TokenError::UnknownKey => "unknown_key",
+                courier_auth::TokenError::BadSignature => "bad_signature",
+                courier_auth::TokenError::Expired => "expired",
+            })
+        })?;
     if !claims.has_scope(TRAIL_SCOPE) {
         return Err(Refusal::new(
             StatusCode::FORBIDDEN,

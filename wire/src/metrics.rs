@@ -95,6 +95,9 @@ pub const HISTORY_PARTITIONS_CREATED: &str = "history_partitions_created_total";
 pub const HISTORY_PARTITIONS_DROPPED: &str = "history_partitions_dropped_total";
 /// Counter, label `result`: ok | unauthorized | forbidden | bad_request | error. Trail API requests.
 pub const TRAIL_REQUESTS: &str = "trail_requests_total";
+/// Counter, label `reason`: missing | malformed | unknown_key | bad_signature | expired. Trail
+/// requests refused for their token (the caller is told only "401").
+pub const TRAIL_TOKEN_REFUSALS: &str = "trail_token_refusals_total";
 
 /// Histogram buckets for the batch script round trip and phone lag (seconds).
 pub const SECONDS_BUCKETS: &[f64] = &[
@@ -150,6 +153,7 @@ pub const ALL: &[&str] = &[
     HISTORY_PARTITIONS_CREATED,
     HISTORY_PARTITIONS_DROPPED,
     TRAIL_REQUESTS,
+    TRAIL_TOKEN_REFUSALS,
 ];
 
 #[cfg(test)]
