@@ -643,14 +643,12 @@ fn token(ring: &Keyring, scope: &str, exp_in: i64) -> String {
 }
 
 async fn serve_trail(url: &str) -> std::net::SocketAddr {
+    serve_trail_with(url, &HistoryConfig::default()).await
+}
+
+async fn serve_trail_with(url: &str, config: &HistoryConfig) -> std::net::SocketAddr {
     let ring = Keyring::parse(KEYS).unwrap();
-    let app = Trail::new(
-        url,
-        ring,
-        &HistoryConfig::default(),
-        history_writer::system_clock(),
-    )
-    .router();
+    let app = Trail::new(url, ring, config, history_writer::system_clock()).router();
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
@@ -659,6 +657,48 @@ async fn serve_trail(url: &str) -> std::net::SocketAddr {
 
 fn rfc(t: f64) -> String {
     humantime::format_rfc3339_seconds(history_writer::rows::system_time(t)).to_string()
+}
+
+/// A window with more points than `trail_max_points` gets 413 and nothing else: no points, no
+/// audit row (four such requests at once must not hold whole days in memory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trail_with_too_many_points_is_refused_not_loaded() {
+    let s = pg_schema().await;
+    let mut admin = migrated(&s.url).await;
+    let t = now();
+    partitions::upkeep(&mut admin, t, 1, 30).await.unwrap();
+    let base = t - 600.0;
+    let rows: Vec<_> = (1..=6)
+        .map(|i| row("k1", i, base + i as f64, base + i as f64 + 0.5, None))
+        .collect();
+    PgSink::new(&s.url).copy(&rows).await.unwrap();
+    let config = HistoryConfig {
+        trail_max_points: 5,
+        ..HistoryConfig::default()
+    };
+    let addr = serve_trail_with(&s.url, &config).await;
+    let good = token(&Keyring::parse(KEYS).unwrap(), "trail:read", 3600);
+    let q = |to: f64| {
+        format!(
+            "/couriers/k1/trail?from={}&to={}&reason=dispute",
+            rfc(base),
+            rfc(to)
+        )
+    };
+    let r = http_get(addr, &q(base + 3600.0), Some(&good)).await;
+    assert_eq!(r.status, 413, "{}", r.body);
+    assert!(r.json()["error"].as_str().unwrap().contains("more than 5 points"));
+    let audited: i64 = admin
+        .query_one("SELECT count(*) FROM trail_access_log", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(audited, 0, "a refused read left an audit row");
+    // Five points fit.
+    let r = http_get(addr, &q(base + 5.9), Some(&good)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["properties"]["count"], 5);
+    s.drop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

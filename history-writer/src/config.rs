@@ -53,6 +53,9 @@ pub struct HistoryConfig {
     pub trail_max_window: Duration,
     /// PostgreSQL connections the trail API keeps (and requests it serves at once).
     pub trail_connections: usize,
+    /// Most points one trail answer holds (each in memory while it is built, four requests at
+    /// once); a window with more gets 413 and the caller asks for a shorter one.
+    pub trail_max_points: usize,
 }
 
 impl Default for HistoryConfig {
@@ -73,6 +76,7 @@ impl Default for HistoryConfig {
             flush_deadline: Duration::from_secs(5),
             trail_max_window: Duration::from_secs(24 * 3600),
             trail_connections: 4,
+            trail_max_points: 100_000,
         }
     }
 }
@@ -98,6 +102,7 @@ impl HistoryConfig {
             ("history.batch_max", self.batch_max),
             ("history.writers", self.writers),
             ("history.trail_connections", self.trail_connections),
+            ("history.trail_max_points", self.trail_max_points),
         ] {
             if v == 0 {
                 return Err(format!("{name} must be at least 1"));

@@ -5,7 +5,8 @@
 //! - `from` and `to` are RFC 3339 UTC times (`2026-11-30T08:00:00Z`) or unix seconds, over the
 //!   server's receive time (`received_at`: the clock we trust, and the one the partitions and
 //!   the `(courier_id, received_at)` index are built on); `to` is exclusive. `reason` is
-//!   required. A bad time, a missing reason or a window longer than `trail_max_window`: 400.
+//!   required. A bad time, a missing reason or a window longer than `trail_max_window`: 400. A
+//!   window with more than `trail_max_points` points: 413 (nothing returned, no audit row).
 //! - The read and its `trail_access_log` row are one transaction: no audit row, no data.
 //! - The answer is a GeoJSON Feature: a LineString (a Point for a single fix, no geometry for
 //!   none) in phone-time order, with `properties.points[i]` describing coordinate `i`
@@ -48,6 +49,7 @@ struct Inner {
     url: String,
     keyring: Keyring,
     max_window: Duration,
+    max_points: usize,
     clock: Clock,
     idle: Mutex<Vec<Client>>,
     permits: Semaphore,
@@ -72,6 +74,7 @@ impl Refusal {
             StatusCode::UNAUTHORIZED => "unauthorized",
             StatusCode::FORBIDDEN => "forbidden",
             StatusCode::BAD_REQUEST => "bad_request",
+            StatusCode::PAYLOAD_TOO_LARGE => "too_large",
             _ => "error",
         }
     }
@@ -123,7 +126,7 @@ const READ_SQL: &str = "SELECT seq, phone_ts, received_at, order_id, lat, lon FR
        SELECT DISTINCT ON (seq, phone_ts) seq, phone_ts, received_at, order_id, lat, lon \
        FROM courier_points WHERE courier_id = $1 AND received_at >= $2 AND received_at < $3 \
        ORDER BY seq, phone_ts, received_at) t \
-     ORDER BY phone_ts, seq";
+     ORDER BY phone_ts, seq LIMIT $4";
 
 const AUDIT_SQL: &str =
     "INSERT INTO trail_access_log (actor, courier_id, window_from, window_to, reason, row_count) \
@@ -136,6 +139,7 @@ impl Trail {
                 url: database_url.to_string(),
                 keyring,
                 max_window: config.trail_max_window,
+                max_points: config.trail_max_points,
                 clock,
                 idle: Mutex::new(Vec::new()),
                 permits: Semaphore::new(config.trail_connections),
@@ -158,7 +162,7 @@ impl Trail {
         from: SystemTime,
         to: SystemTime,
         reason: &str,
-    ) -> Result<Vec<Fix>, HistoryError> {
+    ) -> Result<Option<Vec<Fix>>, HistoryError> {
         let _permit = self
             .inner
             .permits
@@ -179,7 +183,12 @@ impl Trail {
             let tx = client.transaction().await?;
             tx.batch_execute("SET LOCAL statement_timeout = '30s'")
                 .await?;
-            let rows = tx.query(READ_SQL, &[&courier, &from, &to]).await?;
+            // One row past the cap tells a window that is too large, without reading it all.
+            let limit = i64::try_from(self.inner.max_points + 1).unwrap_or(i64::MAX);
+            let rows = tx.query(READ_SQL, &[&courier, &from, &to, &limit]).await?;
+            if rows.len() > self.inner.max_points {
+                return Ok(None);
+            }
             let fixes: Vec<Fix> = rows
                 .iter()
                 .map(|r| Fix {
@@ -195,7 +204,7 @@ impl Trail {
             tx.execute(AUDIT_SQL, &[&actor, &courier, &from, &to, &reason, &count])
                 .await?;
             tx.commit().await?;
-            Ok::<_, HistoryError>(fixes)
+            Ok::<_, HistoryError>(Some(fixes))
         }
         .await;
         if result.is_ok() {
@@ -336,6 +345,15 @@ async fn answer(
                 "the history database is unavailable; nothing was read",
             )
         })?;
+    let Some(fixes) = fixes else {
+        return Err(Refusal::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the window holds more than {} points: ask for a shorter one",
+                trail.inner.max_points
+            ),
+        ));
+    };
     tracing::info!(actor = %claims.sub, courier = %courier, points = fixes.len(), "trail read (audited)");
     Ok(Json(feature(&courier, from, to, &fixes)).into_response())
 }

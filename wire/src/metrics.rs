@@ -93,7 +93,8 @@ pub const HISTORY_COMMIT_LAG_SECONDS: &str = "history_commit_lag_seconds";
 pub const HISTORY_PARTITIONS_CREATED: &str = "history_partitions_created_total";
 /// Counter: day partitions dropped past retention.
 pub const HISTORY_PARTITIONS_DROPPED: &str = "history_partitions_dropped_total";
-/// Counter, label `result`: ok | unauthorized | forbidden | bad_request | error. Trail API requests.
+/// Counter, label `result`: ok | unauthorized | forbidden | bad_request | too_large | error. Trail
+/// API requests.
 pub const TRAIL_REQUESTS: &str = "trail_requests_total";
 /// Counter, label `reason`: missing | malformed | unknown_key | bad_signature | expired. Trail
 /// requests refused for their token (the caller is told only "401").
