@@ -687,7 +687,10 @@ async fn a_trail_with_too_many_points_is_refused_not_loaded() {
     };
     let r = http_get(addr, &q(base + 3600.0), Some(&good)).await;
     assert_eq!(r.status, 413, "{}", r.body);
-    assert!(r.json()["error"].as_str().unwrap().contains("more than 5 points"));
+    assert!(r.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("more than 5 points"));
     let audited: i64 = admin
         .query_one("SELECT count(*) FROM trail_access_log", &[])
         .await
@@ -751,7 +754,12 @@ async fn trail_needs_scope_and_reason_is_audited_and_is_geojson() {
         let r = http_get(addr, &ok_path, bearer.as_deref()).await;
         assert_eq!(r.status, 401, "{}", r.body);
         // One answer for every failure: the body says nothing of why (expired, forged, ...).
-        assert_eq!(r.json()["error"], "a valid bearer token is required", "{}", r.body);
+        assert_eq!(
+            r.json()["error"],
+            "a valid bearer token is required",
+            "{}",
+            r.body
+        );
         assert!(r
             .head
             .to_ascii_lowercase()
@@ -946,4 +954,44 @@ async fn a_row_postgres_refuses_is_dropped_alone_not_its_batch() {
     );
     w.stop().await;
     s.drop().await;
+}
+
+/// What reaches a subscriber while it disconnects (sent before the broker took its unsubscribe)
+/// is handed back to its role, which writes or counts it; it used to be polled and dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_hands_over_what_arrives_while_it_disconnects() {
+    use courier_wire::mqtt::{Polled, Subscriber};
+    let broker = start_broker(BrokerKind::Embedded);
+    let o = courier_wire::mqtt::options(
+        &broker.endpoint,
+        &courier_wire::mqtt::client_id("late", 0),
+        16,
+    );
+    let (c, mut el) = rumqttc::AsyncClient::new(o, 16);
+    let sub = Subscriber::new("test", c, vec!["couriers/+/loc".into()]);
+    let up = courier_wire::health::Up::default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        assert!(std::time::Instant::now() < deadline, "no SUBACK");
+        if matches!(sub.handle(el.poll().await, &up), Polled::Subscribed) {
+            break;
+        }
+    }
+    // 20 points arrive while the role is no longer polling (it is stopping).
+    let (pubc, _h) = client(&broker.endpoint, None).await;
+    for seq in 1..=20u64 {
+        publish(
+            &pubc,
+            &loc_topic("late1"),
+            point("late1", 24.7, 46.6, now(), seq),
+        )
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let late = sub.disconnect(&mut el, Duration::from_secs(2)).await;
+    assert_eq!(
+        late.len(),
+        20,
+        "messages polled while disconnecting were lost"
+    );
 }

@@ -68,7 +68,10 @@ pub(crate) async fn tracks(
         }
     }
     metrics.source(&stats, &tally);
-    sub.disconnect(&mut eventloop, Duration::from_millis(300))
+    // Tracks that arrive while disconnecting have no viewer left to go to: the gateway closes
+    // its sessions at the same stop.
+    let _late_tracks = sub
+        .disconnect(&mut eventloop, Duration::from_millis(300))
         .await;
 }
 

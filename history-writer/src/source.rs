@@ -42,7 +42,47 @@ impl DropLog {
     }
 }
 
-/// Runs one MQTT client until `stop`, then unsubscribes and disconnects.
+/// What the receive loop counts between two metric flushes, and the order snapshot it stamps
+/// rows with.
+struct Intake {
+    orders: Arc<Orders>,
+    orders_version: u64,
+    received: u64,
+    dropped: u64,
+    invalid: [u64; Refused::COUNT],
+}
+
+impl Intake {
+    /// One message: validated, stamped with the courier's order, pushed into the buffer.
+    fn take(&mut self, p: &rumqttc::Publish, shared: &Shared) {
+        self.received += 1;
+        let v = shared.orders_version.load(Relaxed);
+        if v != self.orders_version {
+            self.orders = shared.orders_snapshot();
+            self.orders_version = v;
+        }
+        match rows::row(
+            &p.topic,
+            &p.payload,
+            unix_now(),
+            &shared.validation,
+            &self.orders,
+        ) {
+            Ok(row) => self.dropped += shared.push(row),
+            Err(r) => self.invalid[r.index()] += 1,
+        }
+    }
+
+    fn flush(&mut self, metrics: &Metrics, stats: &Stats, log: &mut DropLog, capacity: usize) {
+        metrics.received(stats, self.received, &mut self.invalid);
+        metrics.dropped(stats, DropReason::BufferFull, self.dropped);
+        log.add(self.dropped, capacity);
+        (self.received, self.dropped) = (0, 0);
+    }
+}
+
+/// Runs one MQTT client until `stop`, then unsubscribes and disconnects; messages that arrive
+/// while it disconnects are taken too (written or counted, never lost silently).
 pub(crate) async fn receive(
     n: usize,
     group: String,
@@ -58,40 +98,26 @@ pub(crate) async fn receive(
     let (client, mut eventloop) = AsyncClient::new(options, 16);
     courier_wire::mqtt::no_delay(&mut eventloop);
     let mut sub = Subscriber::new("history", client, vec![topic::loc_filter(&group)]);
-    let mut orders: Arc<Orders> = shared.orders_snapshot();
-    let mut orders_version = shared.orders_version.load(Relaxed);
-    let (mut received, mut dropped) = (0u64, 0u64);
-    let mut invalid = [0u64; Refused::COUNT];
+    let mut intake = Intake {
+        orders: shared.orders_snapshot(),
+        orders_version: shared.orders_version.load(Relaxed),
+        received: 0,
+        dropped: 0,
+        invalid: [0; Refused::COUNT],
+    };
     let mut flush = tokio::time::interval(Duration::from_millis(200));
     let mut drop_log = DropLog::default();
+    let capacity = shared.capacity();
     loop {
         tokio::select! {
             biased;
             _ = stop.cancelled() => break,
-            _ = flush.tick() => {
-                metrics.received(&stats, received, &mut invalid);
-                metrics.dropped(&stats, DropReason::BufferFull, dropped);
-                drop_log.add(dropped, shared.capacity());
-                (received, dropped) = (0, 0);
-            }
+            _ = flush.tick() => intake.flush(&metrics, &stats, &mut drop_log, capacity),
             ev = eventloop.poll() => match sub.handle(ev, &stats.mqtt_up) {
                 Polled::Publish(p) => {
-                    received += 1;
-                    let now = unix_now();
-                    let v = shared.orders_version.load(Relaxed);
-                    if v != orders_version {
-                        orders = shared.orders_snapshot();
-                        orders_version = v;
-                    }
-                    match rows::row(&p.topic, &p.payload, now, &shared.validation, &orders) {
-                        Ok(row) => dropped += shared.push(row),
-                        Err(r) => invalid[r.index()] += 1,
-                    }
-                    if received >= 1024 {
-                        metrics.received(&stats, received, &mut invalid);
-                        metrics.dropped(&stats, DropReason::BufferFull, dropped);
-                        drop_log.add(dropped, shared.capacity());
-                        (received, dropped) = (0, 0);
+                    intake.take(&p, &shared);
+                    if intake.received >= 1024 {
+                        intake.flush(&metrics, &stats, &mut drop_log, capacity);
                     }
                 }
                 Polled::Subscribed => {
@@ -105,9 +131,12 @@ pub(crate) async fn receive(
             }
         }
     }
-    metrics.received(&stats, received, &mut invalid);
-    metrics.dropped(&stats, DropReason::BufferFull, dropped);
     sub.stop();
-    sub.disconnect(&mut eventloop, Duration::from_millis(500))
+    let late = sub
+        .disconnect(&mut eventloop, Duration::from_millis(500))
         .await;
+    for p in &late {
+        intake.take(p, &shared);
+    }
+    intake.flush(&metrics, &stats, &mut drop_log, capacity);
 }

@@ -66,8 +66,11 @@ pub(crate) async fn receive(
             }
         }
     }
-    metrics.received(&stats, received, dropped);
-    // Send what is queued (last tracks, the DISCONNECT) for a moment at most.
-    sub.disconnect(&mut eventloop, Duration::from_millis(500))
-        .await;
+    // Send what is queued (last tracks, the DISCONNECT) for a moment at most. Points that arrive
+    // meanwhile come after the queue closed: received and dropped, as after `stop`.
+    let late = sub
+        .disconnect(&mut eventloop, Duration::from_millis(500))
+        .await
+        .len() as u64;
+    metrics.received(&stats, received + late, dropped + late);
 }

@@ -164,16 +164,26 @@ impl Subscriber {
     }
 
     /// Sends DISCONNECT (and whatever is still queued, such as the last tracks) for at most
-    /// `within`.
-    pub async fn disconnect(self, eventloop: &mut rumqttc::EventLoop, within: Duration) {
+    /// `within`; returns the messages that arrived meanwhile (sent before the broker took the
+    /// unsubscribe), for the role to take or count: dropping them here lost them silently.
+    pub async fn disconnect(
+        self,
+        eventloop: &mut rumqttc::EventLoop,
+        within: Duration,
+    ) -> Vec<rumqttc::Publish> {
+        use rumqttc::{Event, Outgoing, Packet};
         let _ = self.client.try_disconnect();
+        let mut late = Vec::new();
         let _ = tokio::time::timeout(within, async {
             while let Ok(ev) = eventloop.poll().await {
-                if matches!(ev, rumqttc::Event::Outgoing(rumqttc::Outgoing::Disconnect)) {
-                    break;
+                match ev {
+                    Event::Outgoing(Outgoing::Disconnect) => break,
+                    Event::Incoming(Packet::Publish(p)) => late.push(p),
+                    _ => {}
                 }
             }
         })
         .await;
+        late
     }
 }
