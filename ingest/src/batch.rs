@@ -39,6 +39,14 @@ impl Plan<'_> {
             .filter(|e| matches!(e, Entry::Point { .. }))
             .count() as u64
     }
+
+    /// The batch did not reach Redis: its points are errors, and so are its `offline` statuses
+    /// (those couriers stay live until the eviction sweep): counted, not forgotten.
+    pub fn failed(&mut self) {
+        let points = self.points();
+        self.tally.errors += points;
+        self.tally.status_errors += self.entries.len() as u64 - points;
+    }
 }
 
 /// Validates a batch of messages. Bad payloads are counted by reason and left out; the good
@@ -196,6 +204,19 @@ mod tests {
         assert_eq!(p.tally.invalid[Invalid::IdMismatch.index()], 1);
         assert_eq!(p.tally.invalid[Invalid::BadId.index()], 1);
         assert_eq!(p.tally.invalid_total(), 3);
+    }
+
+    #[test]
+    fn a_failed_batch_counts_its_points_and_its_offline_statuses() {
+        let msgs = vec![
+            good("c1", 1),
+            good("c2", 2),
+            msg("couriers/c3/status", "offline"),
+        ];
+        let mut p = plan(&msgs, &Validation::default(), NOW);
+        p.failed();
+        assert_eq!(p.tally.errors, 2);
+        assert_eq!(p.tally.status_errors, 1);
     }
 
     #[test]

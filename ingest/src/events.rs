@@ -21,6 +21,8 @@ pub struct Stats {
     pub tracks_dropped: AtomicU64,
     pub evicted_silent: AtomicU64,
     pub evicted_offline: AtomicU64,
+    /// `offline` statuses lost with a failed batch (the courier stays live until the sweep).
+    pub status_errors: AtomicU64,
     pub batches: AtomicU64,
     /// SUBACKs received by the workers (two per worker per connection): readiness.
     pub subscriptions_acked: AtomicU64,
@@ -53,6 +55,8 @@ pub struct Tally {
     pub errors: u64,
     pub seq_resets: u64,
     pub offline: u64,
+    /// `offline` statuses of batches that did not reach Redis.
+    pub status_errors: u64,
     pub tracks_published: u64,
     pub tracks_dropped: u64,
 }
@@ -83,6 +87,7 @@ pub(crate) struct Metrics {
     tracks_dropped: Counter,
     evicted_silent: Counter,
     evicted_offline: Counter,
+    status_errors: Counter,
 }
 
 impl Metrics {
@@ -109,6 +114,7 @@ impl Metrics {
             tracks_dropped: counter!(m::INGEST_TRACKS_DROPPED),
             evicted_silent: counter!(m::INGEST_EVICTED, "reason" => "silent"),
             evicted_offline: counter!(m::INGEST_EVICTED, "reason" => "offline"),
+            status_errors: counter!(m::INGEST_STATUS_ERRORS),
         }
     }
 
@@ -135,6 +141,7 @@ impl Metrics {
                 t.tracks_dropped,
             ),
             (&self.evicted_offline, &stats.evicted_offline, t.offline),
+            (&self.status_errors, &stats.status_errors, t.status_errors),
         ];
         for (c, a, v) in pairs {
             if v > 0 {

@@ -107,12 +107,12 @@ async fn process(ctx: &Ctx, messages: Vec<Message>) {
                 Ok(verdicts) => apply(ctx, &mut plan, &verdicts),
                 Err(e) => {
                     tracing::error!(error = %e, "batch script reply unreadable; batch counted as error");
-                    plan.tally.errors += plan.points();
+                    plan.failed();
                 }
             },
             Err(e) => {
                 tracing::error!(error = %e, points = plan.points(), "batch not written to redis");
-                plan.tally.errors += plan.points();
+                plan.failed();
             }
         }
     }

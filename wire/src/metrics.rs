@@ -27,6 +27,9 @@ pub const INGEST_TRACKS_PUBLISHED: &str = "ingest_tracks_published_total";
 pub const INGEST_TRACKS_DROPPED: &str = "ingest_tracks_dropped_total";
 /// Counter, label `reason`: silent | offline. Couriers removed from the live index.
 pub const INGEST_EVICTED: &str = "ingest_evicted_total";
+/// Counter: `offline` statuses whose batch did not reach Redis (those couriers stay live until
+/// the eviction sweep).
+pub const INGEST_STATUS_ERRORS: &str = "ingest_status_errors_total";
 /// Counter, label `state`: connected | disconnected. MQTT connection changes of a role.
 pub const MQTT_CONNECTION_EVENTS: &str = "mqtt_connection_events_total";
 /// Counter: `CursorJump` alerts of the embedded broker (a slow subscriber lost messages).
@@ -126,6 +129,7 @@ pub const ALL: &[&str] = &[
     INGEST_TRACKS_PUBLISHED,
     INGEST_TRACKS_DROPPED,
     INGEST_EVICTED,
+    INGEST_STATUS_ERRORS,
     MQTT_CONNECTION_EVENTS,
     BROKER_CURSOR_JUMPS,
     BROKER_LOGINS,
