@@ -995,3 +995,82 @@ async fn a_subscriber_hands_over_what_arrives_while_it_disconnects() {
         "messages polled while disconnecting were lost"
     );
 }
+
+/// A database that refuses every write for a reason of its own (here read-only, as after a
+/// failover: SQLSTATE 25006) costs no row: the batch is kept and retried (it used to be halved
+/// down to single rows and every row dropped as `rejected`), and everything is written once the
+/// database takes writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_database_keeps_the_rows_until_it_takes_writes_again() {
+    let broker = start_broker(BrokerKind::Embedded);
+    let s = pg_schema().await;
+    let mut admin = migrated(&s.url).await;
+    partitions::upkeep(&mut admin, now(), 1, 30).await.unwrap();
+    // A role of this test only; superuser, so privileges are not the point.
+    let role = format!("ro{:012x}", rand::random::<u64>() >> 16);
+    admin
+        .batch_execute(&format!("CREATE ROLE {role} SUPERUSER LOGIN"))
+        .await
+        .unwrap();
+    let url = s.url.replacen("postgres@", &format!("{role}@"), 1);
+    assert_ne!(url, s.url, "the test URL names its user");
+    let config = HistoryConfig {
+        partition_upkeep: false,
+        retry_max_backoff: Duration::from_millis(300),
+        ..writer_config()
+    };
+    let w = start_writer(
+        &broker,
+        &url,
+        Keys::with_prefix(&prefix()),
+        config,
+        history_writer::system_clock(),
+    )
+    .await;
+    // The failover: the writer's sessions end, and the new ones are read-only.
+    admin
+        .batch_execute(&format!(
+            "ALTER ROLE {role} SET default_transaction_read_only = on; \
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'"
+        ))
+        .await
+        .unwrap();
+    let (pubc, _h) = client(&broker.endpoint, None).await;
+    for seq in 1..=10u64 {
+        publish(
+            &pubc,
+            &loc_topic("ro1"),
+            point("ro1", 24.7, 46.6, now() - 1.0, seq),
+        )
+        .await;
+    }
+    let st = w.stats.clone();
+    assert!(
+        wait_until(Duration::from_secs(10), || st.received.load(Relaxed) == 10
+            && st.copy_failures.load(Relaxed) >= 3)
+        .await,
+        "the writer never tried the read-only database"
+    );
+    assert_eq!(st.written.load(Relaxed), 0);
+    assert_eq!(
+        st.dropped_total(),
+        0,
+        "rows dropped for the database's state"
+    );
+    admin
+        .batch_execute(&format!(
+            "ALTER ROLE {role} RESET default_transaction_read_only"
+        ))
+        .await
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || st.written.load(Relaxed) == 10).await,
+        "rows not written once the database took writes again: {} written, {} dropped",
+        st.written.load(Relaxed),
+        st.dropped_total()
+    );
+    assert_eq!(st.dropped_total(), 0);
+    w.stop().await;
+    let _ = admin.batch_execute(&format!("DROP ROLE {role}")).await;
+    s.drop().await;
+}

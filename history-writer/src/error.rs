@@ -50,6 +50,19 @@ impl HistoryError {
         }
     }
 
+    /// True when PostgreSQL refused the data itself (SQLSTATE class 22, data exception, or 23,
+    /// integrity constraint): splitting the batch finds the row. Anything else that is not
+    /// retryable (read-only after a failover 25006, a permission 42501, a missing table 42P01)
+    /// is the database's state, not a row's: the batch is kept and retried, never dropped.
+    pub fn is_row_fault(&self) -> bool {
+        match self {
+            HistoryError::Postgres(e) => e
+                .code()
+                .is_some_and(|c| matches!(&c.code()[..2], "22" | "23")),
+            _ => false,
+        }
+    }
+
     /// True when a row's `received_at` had no partition (the whole COPY was refused).
     pub fn is_no_partition(&self) -> bool {
         match self {

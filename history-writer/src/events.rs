@@ -151,6 +151,17 @@ impl Stats {
 }
 
 /// Metric handles, looked up once.
+/// Why a COPY failed (`kind` label of `history_copy_errors_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CopyError {
+    /// The connection or the server (down, restarting, overloaded): retried.
+    Retryable = 0,
+    /// PostgreSQL refuses every row (read-only, permissions, schema): the batch is kept.
+    Database = 1,
+    /// A row's fault: the batch is split to find it.
+    Data = 2,
+}
+
 pub(crate) struct Metrics {
     received: Counter,
     written: Counter,
@@ -162,9 +173,14 @@ pub(crate) struct Metrics {
     commit_lag: Histogram,
     partitions_created: Counter,
     partitions_dropped: Counter,
+    copy_errors: [Counter; 3],
 }
 
 impl Metrics {
+    pub(crate) fn copy_error(&self, kind: CopyError) {
+        self.copy_errors[kind as usize].increment(1);
+    }
+
     pub(crate) fn new() -> Self {
         Metrics {
             received: counter!(m::HISTORY_ROWS_RECEIVED),
@@ -182,6 +198,8 @@ impl Metrics {
             commit_lag: histogram!(m::HISTORY_COMMIT_LAG_SECONDS),
             partitions_created: counter!(m::HISTORY_PARTITIONS_CREATED),
             partitions_dropped: counter!(m::HISTORY_PARTITIONS_DROPPED),
+            copy_errors: ["retryable", "database", "data"]
+                .map(|k| counter!(m::HISTORY_COPY_ERRORS, "kind" => k)),
         }
     }
 

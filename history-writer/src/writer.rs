@@ -4,14 +4,18 @@
 //!   next attempt waits (backoff with jitter, doubling up to `retry_max_backoff`);
 //! - a day without a partition: the partition is created and the batch written again; if that
 //!   cannot be done, the rows are dropped and counted (`no_partition`) with the days named;
-//! - PostgreSQL refusing the data itself: the batch is halved until the refused row is alone,
-//!   so only that row is dropped (`rejected`), never its good neighbours.
+//! - PostgreSQL refusing the data itself (SQLSTATE classes 22, 23): the batch is halved until
+//!   the refused row is alone, so only that row is dropped (`rejected`), never its good
+//!   neighbours;
+//! - PostgreSQL refusing every write for a reason of its own (read-only after a failover,
+//!   permissions, a missing table): the batch is kept, the connection renewed, and the writer
+//!   backs off, logging an error: no row is dropped for a database that is read-only a minute.
 //!
 //! On shutdown it writes what is buffered until `flush_deadline`, then counts the rest as
 //! dropped (`shutdown`).
 
 use crate::config::HistoryConfig;
-use crate::events::{DropReason, Metrics, Stats};
+use crate::events::{CopyError, DropReason, Metrics, Stats};
 use crate::partitions;
 use crate::rows::Row;
 use crate::sink::PgSink;
@@ -215,7 +219,22 @@ impl Writer {
                     self.stats
                         .copy_failures
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.metrics.copy_error(CopyError::Retryable);
                     tracing::warn!(error = %e, rows = chunk.len(), "history: COPY failed; rows back in the buffer, retrying");
+                    self.requeue(chunk, chunks);
+                    return Written::BackOff;
+                }
+                Err(e) if !e.is_row_fault() => {
+                    // The database refuses every row alike (read-only, permissions, schema):
+                    // keep the batch, reconnect (a failover's new primary is another session)
+                    // and back off; an operator is alerted by the error log and the counter.
+                    self.stats.pg_up.set(false);
+                    self.stats
+                        .copy_failures
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.metrics.copy_error(CopyError::Database);
+                    tracing::error!(error = %e, rows = chunk.len(), "history: PostgreSQL refuses every write (not a row's fault); rows kept in the buffer, retrying");
+                    self.sink.reset();
                     self.requeue(chunk, chunks);
                     return Written::BackOff;
                 }
@@ -223,6 +242,7 @@ impl Writer {
                     self.stats
                         .copy_failures
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.metrics.copy_error(CopyError::Data);
                     if chunk.len() == 1 {
                         tracing::error!(error = %e, courier = %chunk[0].courier_id, seq = chunk[0].seq, "history: PostgreSQL refused a row; dropped");
                         self.metrics.dropped(&self.stats, DropReason::Rejected, 1);

@@ -92,6 +92,10 @@ pub const HISTORY_BATCH_SIZE: &str = "history_batch_size";
 pub const HISTORY_COPY_SECONDS: &str = "history_copy_seconds";
 /// Histogram, seconds: from a row's receipt to the commit that made it durable.
 pub const HISTORY_COMMIT_LAG_SECONDS: &str = "history_commit_lag_seconds";
+/// Counter, label `kind`: retryable (connection, server overload) | database (PostgreSQL refuses
+/// every row: read-only, permissions, schema; the batch is kept) | data (a row's fault: the
+/// batch is split to find it). Failed COPYs.
+pub const HISTORY_COPY_ERRORS: &str = "history_copy_errors_total";
 /// Counter: day partitions created (ahead, or on demand for a batch).
 pub const HISTORY_PARTITIONS_CREATED: &str = "history_partitions_created_total";
 /// Counter: day partitions dropped past retention.
@@ -157,6 +161,7 @@ pub const ALL: &[&str] = &[
     HISTORY_COMMIT_LAG_SECONDS,
     HISTORY_PARTITIONS_CREATED,
     HISTORY_PARTITIONS_DROPPED,
+    HISTORY_COPY_ERRORS,
     TRAIL_REQUESTS,
     TRAIL_TOKEN_REFUSALS,
 ];

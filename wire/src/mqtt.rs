@@ -163,7 +163,8 @@ impl Subscriber {
         }
     }
 
-    /// Sends DISCONNECT (and whatever is still queued, such as the last tracks) for at most
+    /// Takes what is still arriving until the connection has been quiet for a moment, then
+    /// sends DISCONNECT (and whatever is still queued, such as the last tracks), all within
     /// `within`; returns the messages that arrived meanwhile (sent before the broker took the
     /// unsubscribe), for the role to take or count: dropping them here lost them silently.
     pub async fn disconnect(
@@ -172,9 +173,21 @@ impl Subscriber {
         within: Duration,
     ) -> Vec<rumqttc::Publish> {
         use rumqttc::{Event, Outgoing, Packet};
-        let _ = self.client.try_disconnect();
+        const QUIET: Duration = Duration::from_millis(50);
         let mut late = Vec::new();
-        let _ = tokio::time::timeout(within, async {
+        // First what is already on its way (for half the time at most: a stream that never
+        // pauses still gets its DISCONNECT): rumqttc's poll may pick the DISCONNECT request
+        // before reading the socket, so the request goes in only once nothing arrives.
+        let _ = tokio::time::timeout(within / 2, async {
+            while let Ok(Ok(ev)) = tokio::time::timeout(QUIET, eventloop.poll()).await {
+                if let Event::Incoming(Packet::Publish(p)) = ev {
+                    late.push(p);
+                }
+            }
+        })
+        .await;
+        let _ = tokio::time::timeout(within / 2, async {
+            let _ = self.client.try_disconnect();
             while let Ok(ev) = eventloop.poll().await {
                 match ev {
                     Event::Outgoing(Outgoing::Disconnect) => break,
