@@ -289,8 +289,7 @@ pub async fn run(
             .fold(axum::Router::new(), axum::Router::merge);
         let stop = shutdown.clone();
         roles.spawn(async move {
-            axum::serve(l, app)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
+            crate::http::serve(l, app, crate::http::HttpLimits::default(), stop)
                 .await
                 .map_err(|source| AppError::Listen {
                     what: "http",

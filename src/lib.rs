@@ -13,6 +13,7 @@
 pub mod app;
 pub mod broker;
 pub mod config;
+pub mod http;
 pub mod telemetry;
 
 pub use app::{run, Role, RunOptions};

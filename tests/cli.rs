@@ -285,3 +285,96 @@ fn readyz_says_no_while_the_broker_is_unreachable() {
         "{ready}"
     );
 }
+
+/// The APIs' HTTP listener as a slow or greedy client would try it: idle connections that never
+/// finish their headers are closed at the header timeout (so a full house of them delays a real
+/// request by that timeout only), an oversize body gets 413, a request stuck in its handler 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_listener_bounds_slow_and_greedy_clients() {
+    use axum::routing::{get, post};
+    use courier_pipeline::http::{serve, HttpLimits};
+    let app = axum::Router::new()
+        .route("/ok", get(|| async { "ok" }))
+        .route(
+            "/echo",
+            post(|b: axum::body::Bytes| async move { b.len().to_string() }),
+        )
+        .route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                "late"
+            }),
+        );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let limits = HttpLimits {
+        header_timeout: Duration::from_millis(500),
+        request_timeout: Duration::from_millis(300),
+        max_body_bytes: 1024,
+        max_connections: 4,
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(serve(l, app, limits, stop.clone()));
+    // Slowloris: every connection slot taken by a request that never ends its headers.
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /ok HTTP/1.1\r\nHost: x\r\n").unwrap();
+        idle.push(s);
+    }
+    let started = Instant::now();
+    let answer = tokio::task::spawn_blocking(move || scrape_path(addr, "/ok"))
+        .await
+        .unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"),
+        "{answer}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "a real request waited {:?} behind idle connections",
+        started.elapsed()
+    );
+    // The idle ones were closed by the server (hyper answers 408 first), not left open.
+    for mut s in idle {
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut buf = Vec::new();
+        match s.read_to_end(&mut buf) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("an idle connection was left open: {e}"),
+        }
+    }
+    // A body over the limit, and a handler over its time.
+    let big = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let body = vec![b'x'; 4096];
+        write!(
+            s,
+            "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .unwrap();
+        let _ = s.write_all(&body);
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    })
+    .await
+    .unwrap();
+    assert!(big.starts_with("HTTP/1.1 413"), "{big}");
+    let slow = tokio::task::spawn_blocking(move || scrape_path(addr, "/slow"))
+        .await
+        .unwrap();
+    assert!(
+        slow.starts_with("HTTP/1.0 503") || slow.starts_with("HTTP/1.1 503"),
+        "{slow}"
+    );
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
