@@ -604,3 +604,74 @@ async fn script_flush_is_survived() {
     edge.stop().await;
     cleanup(&keys).await;
 }
+
+/// A batch retried after a response timeout (Redis had applied the first run) gets the verdicts
+/// of that first run: accepted, with the courier's order for its track. Judged again, every point
+/// would be stale (its own seq already stored) and no track would go out. Another batch id is
+/// judged afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_batch_gets_the_verdicts_of_its_first_run() {
+    let keys = Keys::with_prefix(&prefix());
+    let mut r = redis().await;
+    let _: () = redis::cmd("HSET")
+        .arg(&keys.order)
+        .arg("rb1")
+        .arg("ord-rb")
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let script = redis::Script::new(include_str!("../ingest/src/script.lua"));
+    let t = now();
+    let run = |record: String| {
+        let mut inv = script.prepare_invoke();
+        inv.key(&keys.live)
+            .key(&keys.seen)
+            .key(&keys.order)
+            .key(&keys.seq)
+            .key(record);
+        inv.arg(t).arg(30.0);
+        inv.arg("rb1").arg(46.6).arg(24.7).arg(7).arg(t - 1.0);
+        inv
+    };
+    let first: Vec<redis::Value> = run(format!("{}b1", keys.batch_record))
+        .invoke_async(&mut r)
+        .await
+        .unwrap();
+    let again: Vec<redis::Value> = run(format!("{}b1", keys.batch_record))
+        .invoke_async(&mut r)
+        .await
+        .unwrap();
+    let other: Vec<redis::Value> = run(format!("{}b2", keys.batch_record))
+        .invoke_async(&mut r)
+        .await
+        .unwrap();
+    let code = |v: &[redis::Value]| redis::from_redis_value::<i64>(v[0].clone()).unwrap();
+    let order = |v: &[redis::Value]| redis::from_redis_value::<String>(v[1].clone()).unwrap();
+    assert_eq!((code(&first), order(&first).as_str()), (1, "ord-rb"));
+    assert_eq!(
+        (code(&again), order(&again).as_str()),
+        (1, "ord-rb"),
+        "the retry was judged again"
+    );
+    assert_eq!(
+        code(&other),
+        0,
+        "another batch with the same point is stale"
+    );
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(format!("{}b1", keys.batch_record))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert!(
+        (1..=60).contains(&ttl),
+        "the record is kept a minute: ttl {ttl}"
+    );
+    cleanup(&keys).await;
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{}b1", keys.batch_record))
+        .arg(format!("{}b2", keys.batch_record))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+}

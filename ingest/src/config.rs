@@ -43,7 +43,8 @@ pub struct IngestConfig {
     #[serde(with = "courier_wire::duration")]
     pub max_future_skew: Duration,
     /// How long a batch is retried while Redis is unreachable before its points are counted
-    /// as `result="error"`.
+    /// as `result="error"`. At most 20 s: the batch script keeps a batch's verdicts 30 s for
+    /// its retries.
     #[serde(with = "courier_wire::duration")]
     pub redis_retry_for: Duration,
 }
@@ -81,6 +82,9 @@ impl IngestConfig {
     /// Checks the settings once at start-up; the error names the setting.
     pub fn validate(&self) -> Result<(), String> {
         use courier_wire::topic::valid_group;
+        if self.redis_retry_for > Duration::from_secs(20) {
+            return Err("ingest.redis_retry_for must be at most 20s (the batch script keeps a batch's verdicts 30s for its retries)".into());
+        }
         if !valid_group(&self.group) {
             return Err(format!(
                 "ingest.group {:?} is not a valid group name",

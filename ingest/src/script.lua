@@ -3,7 +3,11 @@
 -- courier (a shared subscription hands them out round robin) cannot overwrite a newer point
 -- with an older one.
 --
--- KEYS: 1 live (GEO), 2 seen (ZSET), 3 order (HASH courier -> order), 4 seq (HASH courier -> state)
+-- KEYS: 1 live (GEO), 2 seen (ZSET), 3 order (HASH courier -> order), 4 seq (HASH courier -> state),
+--       5 this batch's record: its verdicts, kept 30 s (retries stop after ingest.redis_retry_for,
+--       at most 20 s). A batch retried after a response
+--       timeout (Redis had applied it) gets the verdicts of its first run back instead of being
+--       judged again, when every point would be stale (its own seq) and no track sent.
 -- ARGV: 1 now (server unix seconds), 2 reset_after (seconds),
 --       then 5 per entry: id, lon, lat, seq, ts. seq == "off" is an `offline` status (the
 --       other three fields are empty): the courier leaves the live index at once.
@@ -18,7 +22,11 @@
 --                                                      the epoch before a reset)
 -- Returns two values per entry: a code (0 stale, 1 accepted, 2 accepted as reset,
 -- 3 offline handled) and the order the courier carries ('' if none; accepted points only).
-local live, seen, orders, seqs = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local live, seen, orders, seqs, record = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local done = redis.call('GET', record)
+if done then
+  return cjson.decode(done)
+end
 local now_s = ARGV[1]
 local now = tonumber(now_s)
 local reset_after = tonumber(ARGV[2])
@@ -120,4 +128,5 @@ end
 if #hs > 0 then
   redis.call('HSET', seqs, unpack(hs))
 end
+redis.call('SET', record, cjson.encode(out), 'EX', 30)
 return out

@@ -102,7 +102,10 @@ async fn process(ctx: &Ctx, messages: Vec<Message>) {
     if !plan.entries.is_empty() {
         let args = batch::script_args(&plan, now, ctx.reset_after);
         ctx.metrics.batch_size.record(plan.entries.len() as f64);
-        match call_with_retry(ctx, &args).await {
+        // One id for the batch and all its retries: a retry after a timeout gets the verdicts
+        // of the run that Redis did apply.
+        let batch_id = next_batch_id();
+        match call_with_retry(ctx, &batch_id, &args).await {
             Ok(reply) => match batch::parse_reply(&reply, plan.entries.len()) {
                 Ok(verdicts) => apply(ctx, &mut plan, &verdicts),
                 Err(e) => {
@@ -147,16 +150,33 @@ fn apply(ctx: &Ctx, plan: &mut batch::Plan<'_>, verdicts: &[Verdict]) {
     }
 }
 
+/// An id no other batch of any process uses within the record's minute: a random seed per
+/// process (RandomState is seeded from the OS) and a counter.
+fn next_batch_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static SEED: OnceLock<u64> = OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let seed = *SEED.get_or_init(|| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.finish()
+    });
+    format!("{seed:016x}{:x}", COUNT.fetch_add(1, Ordering::Relaxed))
+}
+
 /// Retries retryable failures with backoff until `redis_retry_for` has passed.
 async fn call_with_retry(
     ctx: &Ctx,
+    batch_id: &str,
     args: &[String],
 ) -> Result<Vec<redis::Value>, crate::IngestError> {
     let started = Instant::now();
     let mut backoff = Duration::from_millis(50);
     loop {
         let t0 = Instant::now();
-        match ctx.sink.batch(args).await {
+        match ctx.sink.batch(batch_id, args).await {
             Ok(v) => {
                 ctx.stats.redis_up.set(true);
                 ctx.metrics.redis_seconds.record(t0.elapsed().as_secs_f64());

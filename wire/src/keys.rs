@@ -22,6 +22,9 @@ pub struct Keys {
     pub order_event_idem: String,
     /// Pub/sub channel on which an ended order id is announced to every gateway process.
     pub orders_ended_channel: String,
+    /// Prefix of the batch script's records: `<this><batch id>` holds one batch's verdicts for
+    /// 30 s, so a batch retried after a timeout gets the verdicts of its first run.
+    pub batch_record: String,
 }
 
 impl Keys {
@@ -35,6 +38,7 @@ impl Keys {
             orders_ended: format!("{prefix}orders:ended"),
             order_event_idem: format!("{prefix}order:event:"),
             orders_ended_channel: format!("{prefix}orders:ended:channel"),
+            batch_record: format!("{prefix}ingest:batch:"),
         }
     }
 }
