@@ -33,7 +33,11 @@ pub fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,rumqttd=warn,rumqttd::router::routing=off")
     });
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colour codes only for a person at a terminal: in a file or a collector they are noise.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     let fmt = match format {
         LogFormat::Text => fmt.boxed(),
         LogFormat::Json => fmt.json().flatten_event(true).boxed(),

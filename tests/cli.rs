@@ -186,6 +186,11 @@ async fn run_takes_a_point_serves_metrics_and_stops_on_sigterm() {
         .unwrap();
     assert!(status.success(), "exit {status:?}; stderr:\n{err}");
     assert!(err.contains("stopped cleanly"), "{err}");
+    // stderr is a pipe here, not a terminal: plain text, no colour codes.
+    assert!(
+        !err.contains('\u{1b}'),
+        "ANSI escape codes in a non-terminal log:\n{err}"
+    );
     // Coordinates never reach the logs. Digits long enough not to turn up in a timestamp
     // (`...:46.7xxxxxZ` once did for a check of "46.7").
     assert!(
