@@ -110,21 +110,24 @@ pub async fn run(
 
     // The edge binds first: a port in use is a start-up error before anything else runs.
     let edge_stats = Arc::new(edge::Stats::default());
-    let no_listener =
-        config.edge.tcp.is_empty() && config.edge.tls.is_empty() && config.edge.ws.is_empty();
     let mut phones = match (role, &config.auth) {
-        (Role::All, _) if no_listener => {
-            tracing::info!("edge not started: EDGE_LISTEN is off");
-            None
-        }
-        (Role::All | Role::Edge, Some(keys)) => Some(
-            edge::Edge {
+        (Role::All | Role::Edge, Some(keys)) => {
+            let bound = edge::Edge {
                 settings: config.edge.clone(),
                 keys: keys.clone(),
                 stats: edge_stats.clone(),
             }
-            .bind()?,
-        ),
+            .bind();
+            match bound {
+                Ok(b) => Some(b),
+                // `run` starts what is configured; asked for by name, the edge needs a listener.
+                Err(edge::EdgeError::NoListener) if role == Role::All => {
+                    tracing::info!("edge not started: EDGE_LISTEN is off");
+                    None
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         (Role::Edge, None) => return Err(AppError::NoEdgeKeys),
         (Role::All, None) => {
             tracing::warn!("edge not started (phones cannot connect): set AUTH_KEYS");

@@ -637,19 +637,7 @@ async fn tls_and_websocket_carry_points_and_idle_handshakes_block_no_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_minted_courier_tokens_log_in_and_survive_rotation() {
     const BIN: &str = env!("CARGO_BIN_EXE_courier-pipeline");
-    let mint = |keys: &str, id: &str| {
-        let out = Command::new(BIN)
-            .args(["token", "courier", "--id", id, "--ttl", "10m"])
-            .env("AUTH_KEYS", keys)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
-    };
+    let mint = |keys: &str, id: &str| cli_token(&["courier", "--id", id, "--ttl", "10m"], keys);
     let old = mint("k1:first-key-of-this-test-0123456", "c9");
     let rotated = "k2:second-key-of-this-test-012345,k1:first-key-of-this-test-0123456";
     let new = mint(rotated, "c9");

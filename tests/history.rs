@@ -860,17 +860,7 @@ async fn trail_needs_scope_and_reason_is_audited_and_is_geojson() {
 #[test]
 fn token_support_mints_a_trail_token_and_needs_auth_keys() {
     let bin = env!("CARGO_BIN_EXE_courier-pipeline");
-    let out = std::process::Command::new(bin)
-        .args(["token", "support", "--actor", "alice", "--ttl", "1h"])
-        .env("AUTH_KEYS", KEYS)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let token = String::from_utf8(out.stdout).unwrap();
+    let token = cli_token(&["support", "--actor", "alice", "--ttl", "1h"], KEYS);
     let claims = Keyring::parse(KEYS)
         .unwrap()
         .verify(token.trim(), now() as u64)

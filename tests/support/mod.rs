@@ -1149,3 +1149,20 @@ pub async fn cleanup_all(keys: &Keys) {
         .await
         .unwrap();
 }
+
+/// Runs `courier-pipeline token <args>` with `AUTH_KEYS=keys` and returns the token it prints
+/// (the test fails, with the command's stderr, if it does not succeed).
+pub fn cli_token(args: &[&str], keys: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_courier-pipeline"))
+        .arg("token")
+        .args(args)
+        .env("AUTH_KEYS", keys)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
