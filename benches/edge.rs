@@ -29,9 +29,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
+use support::{sign, test_key_dir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_courier-pipeline");
-const KEYS: &str = "bench:edge-bench-development-key-0123456789";
 
 fn env_num(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -54,8 +54,15 @@ fn start_edge(
 ) -> EdgeProc {
     let metrics = free_addr();
     let mut c = Command::new(BIN);
+    // The edge reads no private key: it checks device tokens with courier.pub and logs in to
+    // the bus with a bus token it is given.
+    let now = courier_wire::clock::unix_now() as u64;
     c.arg("edge")
-        .env("AUTH_KEYS", KEYS)
+        .env("AUTH_KEY_DIR", test_key_dir())
+        .env(
+            "MQTT_TOKEN",
+            sign(&courier_auth::Claims::bus("edge", now, 86_400)),
+        )
         .env("MQTT_URL", format!("mqtt://{bus}"))
         .env("EDGE_LISTEN", listen)
         .env("METRICS_LISTEN", metrics.to_string());
@@ -139,7 +146,7 @@ fn main() {
         "bus",
         Command::new(BIN)
             .arg("broker")
-            .env("AUTH_KEYS", KEYS)
+            .env("AUTH_KEY_DIR", test_key_dir())
             .env("MQTT_LISTEN", bus.to_string())
             .env("METRICS_LISTEN", "off"),
         &dir.join("bus.log"),
@@ -152,7 +159,7 @@ fn main() {
         "ingest",
         Command::new(BIN)
             .args(["--config", conf.to_str().unwrap(), "ingest"])
-            .env("AUTH_KEYS", KEYS)
+            .env("AUTH_KEY_DIR", test_key_dir())
             .env("MQTT_URL", format!("mqtt://{bus}"))
             .env("REDIS_URL", &redis_url)
             .env("METRICS_LISTEN", ingest_metrics.to_string()),
@@ -185,7 +192,7 @@ fn main() {
                         "--report",
                         dir.join(format!("{round}-sim-{m}.json")).to_str().unwrap(),
                     ])
-                    .env("AUTH_KEYS", KEYS)
+                    .env("AUTH_KEY_DIR", test_key_dir())
                     .env("MQTT_URL", format!("mqtt://{bus}"))
                     .env("EDGE_LISTEN", &addrs[0])
                     .env("REDIS_URL", &redis_url)
@@ -355,7 +362,6 @@ fn transports(n: usize, bus: SocketAddr, dir: &Path) {
     };
     let (tls, ws) = (free_addr(), free_addr());
     let ca = std::fs::read(ca_file).unwrap();
-    let keys = courier_auth::Keyring::parse(KEYS).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let measure = |what: &str, edge: EdgeProc, make: &dyn Fn(usize) -> rumqttc::MqttOptions| {
         let before = common::status_kib(edge.proc.pid(), "VmRSS:");
@@ -398,7 +404,7 @@ fn transports(n: usize, bus: SocketAddr, dir: &Path) {
     };
     let now = courier_wire::clock::unix_now() as u64;
     let login = |o: &mut rumqttc::MqttOptions, id: &str| {
-        o.set_credentials(id, keys.sign(&courier_auth::Claims::courier(id, now, 3600)));
+        o.set_credentials(id, sign(&courier_auth::Claims::courier(id, now, 3600)));
         o.set_keep_alive(Duration::from_secs(60));
     };
     measure("TLS", tls_edge(998, tls), &|i| {

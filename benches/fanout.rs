@@ -135,7 +135,6 @@ async fn viewer(
 /// Opens `n` viewers of `orders` (round robin), `parallel` handshakes at a time.
 async fn open_viewers(
     ws: std::net::SocketAddr,
-    keyring: &courier_auth::Keyring,
     orders: &[String],
     n: usize,
     delays: Option<Arc<Delays>>,
@@ -143,13 +142,7 @@ async fn open_viewers(
     let exp = courier_wire::clock::unix_now() as u64 + 3600;
     let jobs = (0..n).map(|i| {
         let order = orders[i % orders.len()].clone();
-        let token = keyring.sign(&Claims {
-            sub: "customer".into(),
-            scope: "track".into(),
-            order: Some(order.clone()),
-            iat: exp - 3600,
-            exp,
-        });
+        let token = sign(&Claims::viewer("customer", &order, exp - 3600, 3600));
         viewer(ws, token, order, delays.clone())
     });
     let results: Vec<_> = futures_util::stream::iter(jobs)
@@ -212,7 +205,7 @@ async fn run() {
             .env("HTTP_LISTEN", http.to_string())
             .env("WS_LISTEN", ws.to_string())
             .env("METRICS_LISTEN", metrics.to_string())
-            .env("AUTH_KEYS", TEST_AUTH_KEYS)
+            .env("AUTH_KEY_DIR", test_key_dir())
             .env("SERVICE_KEY", TEST_SERVICE_KEY)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
@@ -250,14 +243,13 @@ async fn run() {
             .await
             .unwrap();
     }
-    let keyring = test_keyring();
     let rss_start = common::status_kib(gw_pid, "VmRSS:");
 
     // 1. Viewers held.
     let t0 = Instant::now();
-    let got_held = open_viewers(ws, &keyring, &idle, held, None).await;
+    let got_held = open_viewers(ws, &idle, held, None).await;
     let delays = Arc::new(Delays::default());
-    let got_live = open_viewers(ws, &keyring, &orders, n_orders, Some(delays.clone())).await;
+    let got_live = open_viewers(ws, &orders, n_orders, Some(delays.clone())).await;
     let connect_secs = t0.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_held = common::status_kib(gw_pid, "VmRSS:");

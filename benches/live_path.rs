@@ -104,9 +104,14 @@ fn main() {
     let conf = dir.join("bench.toml");
     std::fs::write(&conf, format!("[redis]\nkey_prefix = \"{prefix}\"\n")).unwrap();
     let (mqtt, broker_metrics, ingest_metrics) = (free_port(), free_port(), free_port());
-    // The broker checks logins; ingest and the simulator log in with service tokens made from
-    // the same keys.
-    std::env::set_var("AUTH_KEYS", "bench:live-path-bench-key-0123456789");
+    // The broker checks logins; ingest and the simulator log in with bus tokens they mint with
+    // a bus key of this run.
+    let key_dir = dir.join("keys");
+    std::fs::create_dir_all(&key_dir).unwrap();
+    let bus_key = courier_auth::SigningKey::generate(courier_auth::Audience::Bus).unwrap();
+    std::fs::write(key_dir.join("bus.key"), bus_key.to_pem()).unwrap();
+    std::fs::write(key_dir.join("bus.pub"), bus_key.public().to_pem()).unwrap();
+    std::env::set_var("AUTH_KEY_DIR", &key_dir);
 
     let broker = Proc(
         Command::new(BIN)

@@ -5,7 +5,7 @@
 //! PostgreSQL) and RSS per process.
 //!
 //! The delay is measured the customer's way when the `run` process has fanout (the embedded
-//! mode with AUTH_KEYS and SERVICE_KEY set, as ./dev sets them): orders assigned through its
+//! mode with AUTH_KEY_DIR and SERVICE_KEY set, as ./dev sets them): orders assigned through its
 //! orders API, watchers on its viewer gateway over WebSocket. Otherwise (Mosquitto mode, no
 //! keys) the watchers subscribe on the broker. Each row says which.
 //!
@@ -190,7 +190,7 @@ fn main() {
         std::thread::sleep(Duration::from_secs(1));
         // `run` serves the orders API and the gateway when it has both keys; watch through them.
         let has_fanout = runs_all
-            && ["AUTH_KEYS", "SERVICE_KEY"]
+            && ["AUTH_KEY_DIR", "SERVICE_KEY"]
                 .iter()
                 .all(|k| std::env::var(k).is_ok_and(|v| !v.is_empty()))
             && TcpStream::connect_timeout(&http_addr, Duration::from_secs(2)).is_ok();

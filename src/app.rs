@@ -5,6 +5,7 @@
 use crate::broker::{self, BrokerError, CURSOR_JUMPS};
 use crate::config::{Broker, Config};
 use crate::telemetry;
+use courier_auth::Audience;
 use fanout::{Fanout, FanoutError};
 use history_writer::{HistoryError, HistoryWriter, Trail};
 use ingest::{Ingest, IngestError, Stats};
@@ -45,16 +46,12 @@ pub enum AppError {
     Ingest(#[from] IngestError),
     #[error("history: {0}")]
     History(#[from] HistoryError),
-    #[error(
-        "AUTH_KEYS is not set: the trail API of the history role checks tokens signed with it"
-    )]
-    NoAuthKeys,
+    #[error(transparent)]
+    Keys(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Fanout(#[from] FanoutError),
     #[error(transparent)]
     Edge(#[from] edge::EdgeError),
-    #[error("AUTH_KEYS is not set: the edge checks the couriers' device tokens with these keys")]
-    NoEdgeKeys,
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         what: &'static str,
@@ -63,8 +60,6 @@ pub enum AppError {
     },
     #[error("the broker role needs the embedded broker; unset MQTT_URL")]
     BrokerIsExternal,
-    #[error("AUTH_KEYS: the embedded broker checks courier and worker tokens with these keys; set them (or MQTT_ALLOW_ANONYMOUS=true, for development only)")]
-    NoBrokerKeys,
     #[error("a role task panicked: {0}")]
     Panicked(String),
 }
@@ -110,8 +105,12 @@ pub async fn run(
 
     // The edge binds first: a port in use is a start-up error before anything else runs.
     let edge_stats = Arc::new(edge::Stats::default());
-    let mut phones = match (role, &config.auth) {
-        (Role::All | Role::Edge, Some(keys)) => {
+    let courier_keys = config.verifier(
+        Audience::Courier,
+        "the edge checks the couriers' device tokens with it",
+    );
+    let mut phones = match (role, courier_keys) {
+        (Role::All | Role::Edge, Ok(keys)) => {
             let bound = edge::Edge {
                 settings: config.edge.clone(),
                 keys: keys.clone(),
@@ -128,9 +127,9 @@ pub async fn run(
                 Err(e) => return Err(e.into()),
             }
         }
-        (Role::Edge, None) => return Err(AppError::NoEdgeKeys),
-        (Role::All, None) => {
-            tracing::warn!("edge not started (phones cannot connect): set AUTH_KEYS");
+        (Role::Edge, Err(e)) => return Err(e.into()),
+        (Role::All, Err(e)) => {
+            tracing::warn!("edge not started (phones cannot connect): {e}");
             None
         }
         _ => None,
@@ -147,10 +146,9 @@ pub async fn run(
             Role::All | Role::Broker,
         ) => {
             let mut bc = broker::load_config(file.as_deref(), *listen)?;
-            let keys = match (*auth, &config.auth) {
-                (true, None) => return Err(AppError::NoBrokerKeys),
-                (true, Some(k)) => Some(k.clone()),
-                (false, _) => None,
+            let keys = match auth {
+                true => Some(config.verifier(Audience::Bus, "the embedded broker checks the workers' bus tokens with it (or set MQTT_ALLOW_ANONYMOUS=true, for development only)")?.clone()),
+                false => None,
             };
             broker::secure(&mut bc, tls.as_ref(), keys)?;
             // The edge of this process hands points to rumqttd in-process.
@@ -190,17 +188,15 @@ pub async fn run(
     let mut roles: JoinSet<Result<(), AppError>> = JoinSet::new();
     let mut routes: Vec<axum::Router> = Vec::new();
     if role.runs(Role::History) {
-        let keyring = config.auth.clone().ok_or(AppError::NoAuthKeys)?;
+        let keys = config
+            .verifier(
+                Audience::Trail,
+                "the trail API checks support staff's tokens with it",
+            )?
+            .clone();
         let clock = history_writer::system_clock();
-        routes.push(
-            Trail::new(
-                &config.database_url,
-                keyring,
-                &config.history,
-                clock.clone(),
-            )
-            .router(),
-        );
+        routes
+            .push(Trail::new(&config.database_url, keys, &config.history, clock.clone()).router());
         let writer = HistoryWriter {
             config: config.history.clone(),
             mqtt: config.worker_endpoint("history"),
@@ -235,14 +231,19 @@ pub async fn run(
     }
     if role.runs(Role::Fanout) {
         let fanout_stats = Arc::new(fanout::Stats::default());
-        match (config.auth.clone(), config.fanout.service_key.is_some()) {
-            (Some(keyring), true) => {
+        let why = "the orders API mints tracking tokens and the viewer gateway checks them";
+        let keys = config
+            .signer(Audience::Viewer, why)
+            .and_then(|s| Ok((s, config.verifier(Audience::Viewer, why)?)));
+        match (keys, config.fanout.service_key.is_some()) {
+            (Ok((signer, verifier)), true) => {
                 let fanout = Fanout {
                     config: config.fanout.clone(),
                     mqtt: config.worker_endpoint("fanout"),
                     redis_url: config.redis_url.clone(),
                     keys: config.keys.clone(),
-                    keyring,
+                    signer: signer.clone(),
+                    verifier: verifier.clone(),
                     ws_listen: config.ws_listen,
                     stats: fanout_stats.clone(),
                 }
@@ -257,14 +258,11 @@ pub async fn run(
                 roles.spawn(async move { Ok(fanout.run(l, stop).await?) });
             }
             // `run` starts what is configured; asked for by name, fanout needs its keys.
+            (Err(e), _) if role == Role::All => tracing::warn!("fanout not started: {e}"),
             _ if role == Role::All => {
-                tracing::warn!("fanout not started: set AUTH_KEYS and SERVICE_KEY")
+                tracing::warn!("fanout not started: set SERVICE_KEY")
             }
-            (None, _) => {
-                return Err(
-                    FanoutError::Config("AUTH_KEYS is required by the fanout role".into()).into(),
-                )
-            }
+            (Err(e), _) => return Err(e.into()),
             (_, false) => {
                 return Err(FanoutError::Config(
                     "SERVICE_KEY is required by the fanout role".into(),
@@ -276,7 +274,11 @@ pub async fn run(
     if let Some(edge) = phones {
         // Without the in-process link (an external bus, or `courier-pipeline edge`), the edge
         // forwards over MQTT with a service login.
-        let bus = Some(config.worker_endpoint("edge"));
+        let bus = config.worker_endpoint("edge");
+        if role == Role::Edge && bus.password.is_none() {
+            tracing::warn!("the edge has no bus login (the bus must then admit anonymous clients): set MQTT_TOKEN, e.g. from `courier-pipeline token bus --role edge`");
+        }
+        let bus = Some(bus);
         let up = edge_stats.clone();
         readiness.add("edge.bus", move || up.bus_up.get());
         for (via, addr) in edge.local_addrs() {
@@ -286,6 +288,9 @@ pub async fn run(
         roles.spawn(async move { Ok(edge.run(bus, stop).await?) });
     }
     if !routes.is_empty() {
+        if let Some(keys) = &config.auth {
+            routes.push(jwks_route(keys));
+        }
         let l = listener("http", config.http_listen)?;
         let app = routes
             .into_iter()
@@ -367,4 +372,22 @@ async fn status_line(
         );
         last = received;
     }
+}
+
+/// `/.well-known/jwks.json`: the public keys this process accepts (RFC 7517), so that other
+/// verifiers (an API gateway, a broker's JWT authentication) check the same tokens.
+fn jwks_route(keys: &courier_auth::KeySet) -> axum::Router {
+    let doc = keys.jwks().to_string();
+    axum::Router::new().route(
+        "/.well-known/jwks.json",
+        axum::routing::get(move || {
+            let doc = doc.clone();
+            async move {
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/jwk-set+json")],
+                    doc,
+                )
+            }
+        }),
+    )
 }

@@ -74,14 +74,14 @@ pub struct TlsListener {
     pub key: PathBuf,
 }
 
-/// Adds a TLS listener (a copy of the plain one's settings) and, with a keyring, the login
-/// check on every listener: the pipeline's workers with a service token, nobody else. Phones log
+/// Adds a TLS listener (a copy of the plain one's settings) and, with the bus audience's keys, the login
+/// check on every listener: the pipeline's workers with a bus token under their own role, nobody else. Phones log
 /// in at the edge: rumqttd cannot authorize a packet after CONNECT, so a courier on the bus
 /// could read every courier's points. rumqttd closes a refused connection without a CONNACK code.
 pub fn secure(
     config: &mut rumqttd::Config,
     tls: Option<&TlsListener>,
-    auth: Option<courier_auth::Keyring>,
+    auth: Option<courier_auth::Verifier>,
 ) -> Result<(), BrokerError> {
     let servers = config.v4.get_or_insert_with(Default::default);
     if let Some(tls) = tls {
@@ -116,19 +116,18 @@ pub fn secure(
             let keys = keys.clone();
             server.set_auth_handler(move |_client_id, user: String, pass: String| {
                 let now = courier_wire::clock::unix_now() as u64;
-                let result = courier_auth::broker_login(&keys, &user, &pass, now);
-                let admitted = matches!(result, Ok(courier_auth::BrokerLogin::Service(_)));
-                let label = match &result {
-                    Ok(courier_auth::BrokerLogin::Service(_)) => "service",
-                    Ok(courier_auth::BrokerLogin::Courier(_)) => "courier_refused",
-                    Err(_) => "refused",
-                };
+                let result = courier_auth::bus_login(&keys, &user, &pass, now);
+                let admitted = result.is_ok();
+                let label = if admitted { "service" } else { "refused" };
                 metrics::counter!(m::BROKER_LOGINS, "result" => label).increment(1);
                 match &result {
-                    Ok(courier_auth::BrokerLogin::Courier(_)) => tracing::info!(
-                        username = %user,
-                        "bus login refused: couriers log in at the edge (EDGE_LISTEN), not the bus"
-                    ),
+                    // Any other audience's token is signed with a key the bus does not hold.
+                    Err(courier_auth::LoginError::Token(courier_auth::TokenError::UnknownKey)) => {
+                        tracing::info!(
+                            username = %user,
+                            "bus login refused: not a bus token (couriers log in at the edge, EDGE_LISTEN)"
+                        )
+                    }
                     Err(e) => tracing::info!(username = %user, reason = %e, "bus login refused"),
                     Ok(_) => {}
                 }

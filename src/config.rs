@@ -9,6 +9,7 @@ use ingest::IngestConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The file as written. Every field has a default.
@@ -160,10 +161,11 @@ impl Default for HttpSection {
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthSection {
-    /// Token signing keys (`AUTH_KEYS`): `kid:secret[,kid:secret...]`, the first signs, all
-    /// verify (rotation). Secrets of at least 16 bytes. Unset: roles that check tokens refuse
-    /// to start.
-    pub keys: Option<String>,
+    /// Key directory (`AUTH_KEY_DIR`): `<aud>.key` signs the tokens of an audience this process
+    /// mints, `<aud>.pub` / `<aud>.<label>.pub` / `.json` (PEM, JWK or JWKS) are the keys it
+    /// accepts; audiences `courier`, `viewer`, `trail`, `bus` (docs/security.md). Unset: roles
+    /// that check tokens refuse to start.
+    pub key_dir: Option<PathBuf>,
 }
 
 /// Values from the environment or flags, applied over the file.
@@ -176,7 +178,11 @@ pub struct Overrides {
     pub database_url: Option<String>,
     pub http_listen: Option<String>,
     pub ws_listen: Option<String>,
-    pub auth_keys: Option<String>,
+    pub key_dir: Option<String>,
+    /// The audiences whose private keys this command reads (what it mints).
+    pub mint: Vec<courier_auth::Audience>,
+    /// `MQTT_TOKEN`: a bus token this process logs in with instead of minting one.
+    pub mqtt_token: Option<String>,
     pub mqtt_tls_listen: Option<String>,
     pub mqtt_ca_file: Option<String>,
     pub mqtt_allow_anonymous: Option<bool>,
@@ -225,8 +231,11 @@ pub struct Config {
     pub database_url: String,
     pub http_listen: SocketAddr,
     pub ws_listen: SocketAddr,
-    /// Token keys; `None` when not configured.
-    pub auth: Option<courier_auth::Keyring>,
+    /// Token keys (read from `auth.key_dir`); `None` when not configured.
+    pub auth: Option<Arc<courier_auth::KeySet>>,
+    /// A bus token given to this process (`MQTT_TOKEN`), and the role it names.
+    pub mqtt_token: Option<String>,
+    pub mqtt_token_sub: Option<String>,
     pub ingest: IngestConfig,
     pub history: HistoryConfig,
     pub fanout: FanoutConfig,
@@ -235,19 +244,59 @@ pub struct Config {
 }
 
 impl Config {
-    /// The broker endpoint a worker role of this process uses. Without credentials in MQTT_URL
-    /// and with AUTH_KEYS set, it logs in with a service token (what the embedded broker, here
-    /// or in a `courier-pipeline broker` process sharing the keys, expects). Service tokens are
-    /// minted at start-up and live a year.
+    /// The broker endpoint a worker role of this process uses, and its bus login: credentials
+    /// in MQTT_URL, else `MQTT_TOKEN` (username: its `sub`), else a bus token minted with
+    /// `bus.key` (what the embedded broker, here or in a `courier-pipeline broker` process,
+    /// expects; minted at start-up, valid a year), else none.
     pub fn worker_endpoint(&self, role: &str) -> MqttEndpoint {
         let mut e = self.broker.endpoint();
-        if let (None, Some(keys)) = (&e.username, &self.auth) {
+        if e.username.is_some() {
+            return e;
+        }
+        if let Some(token) = &self.mqtt_token {
+            e.username = Some(self.mqtt_token_sub.clone().unwrap_or_default());
+            e.password = Some(token.clone());
+        } else if let Some(key) = self
+            .auth
+            .as_ref()
+            .and_then(|k| k.signer(courier_auth::Audience::Bus))
+        {
             let now = courier_wire::clock::unix_now() as u64;
-            e.username = Some(format!("svc-{role}"));
-            e.password =
-                Some(keys.sign(&courier_auth::Claims::service(role, now, 365 * 24 * 3600)));
+            e.username = Some(role.to_string());
+            e.password = Some(key.sign(&courier_auth::Claims::bus(role, now, 365 * 24 * 3600)));
         }
         e
+    }
+
+    /// The keys of `aud` this process accepts, or an error naming the setting.
+    pub fn verifier(
+        &self,
+        aud: courier_auth::Audience,
+        why: &str,
+    ) -> Result<&courier_auth::Verifier, ConfigError> {
+        match &self.auth {
+            None => Err(err("AUTH_KEY_DIR", format!("is not set: {why}"))),
+            Some(k) => k.verifier(aud).ok_or_else(|| {
+                err(
+                    "AUTH_KEY_DIR",
+                    format!("has no {aud}.pub (or {aud}.*.pub / .json): {why}"),
+                )
+            }),
+        }
+    }
+
+    /// The key this process mints `aud` tokens with, or an error naming the setting.
+    pub fn signer(
+        &self,
+        aud: courier_auth::Audience,
+        why: &str,
+    ) -> Result<&courier_auth::SigningKey, ConfigError> {
+        match &self.auth {
+            None => Err(err("AUTH_KEY_DIR", format!("is not set: {why}"))),
+            Some(k) => k
+                .signer(aud)
+                .ok_or_else(|| err("AUTH_KEY_DIR", format!("has no {aud}.key: {why}"))),
+        }
     }
 }
 
@@ -301,8 +350,8 @@ impl FileConfig {
         if let Some(v) = o.ws_listen {
             self.http.ws_listen = v;
         }
-        if let Some(v) = o.auth_keys.filter(|v| !v.is_empty()) {
-            self.auth.keys = Some(v);
+        if let Some(v) = o.key_dir.filter(|v| !v.is_empty()) {
+            self.auth.key_dir = Some(v.into());
         }
         if let Some(v) = o.service_key.filter(|v| !v.is_empty()) {
             self.fanout.service_key = Some(v);
@@ -331,10 +380,20 @@ impl FileConfig {
         if let Some(v) = o.edge_ws_listen.filter(|v| !v.is_empty()) {
             self.edge.ws_listen = Some(v);
         }
-        let auth = match &self.auth.keys {
-            Some(spec) => {
-                Some(courier_auth::Keyring::parse(spec).map_err(|e| err("AUTH_KEYS", e))?)
-            }
+        let auth = match &self.auth.key_dir {
+            Some(dir) => Some(Arc::new(
+                courier_auth::KeySet::load(dir, &o.mint).map_err(|e| err("AUTH_KEY_DIR", e))?,
+            )),
+            None => None,
+        };
+        let mqtt_token = o.mqtt_token.filter(|v| !v.is_empty());
+        // The username a given bus token must be presented with is its own `sub`; read without
+        // verifying (the broker verifies), only to fill in the username.
+        let mqtt_token_sub = match &mqtt_token {
+            Some(t) => Some(
+                courier_auth::unverified_subject(t)
+                    .ok_or_else(|| err("MQTT_TOKEN", "is not a JWT with a sub claim"))?,
+            ),
             None => None,
         };
         let broker =
@@ -428,6 +487,8 @@ impl FileConfig {
             http_listen,
             ws_listen,
             auth,
+            mqtt_token,
+            mqtt_token_sub,
             ingest: self.ingest,
             history: self.history,
             fanout: self.fanout,
@@ -441,11 +502,71 @@ impl FileConfig {
 mod tests {
     use super::*;
 
+    /// A key directory with every audience's keys, written once per test process.
+    fn key_dir() -> String {
+        static DIR: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        DIR.get_or_init(|| {
+            let d =
+                std::env::temp_dir().join(format!("courier-config-keys-{}", std::process::id()));
+            std::fs::create_dir_all(&d).unwrap();
+            for aud in courier_auth::Audience::ALL {
+                let k = courier_auth::SigningKey::generate(aud).unwrap();
+                std::fs::write(d.join(format!("{aud}.key")), k.to_pem()).unwrap();
+                std::fs::write(d.join(format!("{aud}.pub")), k.public().to_pem()).unwrap();
+            }
+            d.display().to_string()
+        })
+        .clone()
+    }
+
     fn keys() -> Overrides {
         Overrides {
-            auth_keys: Some("k1:0123456789abcdef".into()),
+            key_dir: Some(key_dir()),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn workers_log_in_with_a_bus_token_they_mint_or_are_given() {
+        use courier_auth::Audience::Bus;
+        let minting = FileConfig::default()
+            .resolve(Overrides {
+                mint: vec![Bus],
+                ..keys()
+            })
+            .unwrap();
+        let e = minting.worker_endpoint("ingest");
+        assert_eq!(e.username.as_deref(), Some("ingest"));
+        let bus = minting.verifier(Bus, "test").unwrap();
+        let now = courier_wire::clock::unix_now() as u64;
+        assert_eq!(
+            courier_auth::bus_login(bus, "ingest", e.password.as_deref().unwrap(), now),
+            Ok("ingest".into())
+        );
+        // Without bus.key read (the edge), nothing is minted; a given token is presented under
+        // its own subject.
+        let edge = FileConfig::default().resolve(keys()).unwrap();
+        assert!(edge.auth.as_ref().unwrap().signer(Bus).is_none());
+        assert_eq!(edge.worker_endpoint("edge").password, None);
+        let given = FileConfig::default()
+            .resolve(Overrides {
+                mqtt_token: Some(e.password.clone().unwrap()),
+                ..keys()
+            })
+            .unwrap()
+            .worker_endpoint("edge");
+        assert_eq!(given.username.as_deref(), Some("ingest"));
+        assert_eq!(given.password, e.password);
+        // Credentials in MQTT_URL win.
+        let url = FileConfig::default()
+            .resolve(Overrides {
+                mint: vec![Bus],
+                mqtt_url: Some("mqtt://u:p@127.0.0.1:1884".into()),
+                ..keys()
+            })
+            .unwrap()
+            .worker_endpoint("ingest");
+        assert_eq!(url.password.as_deref(), Some("p"));
     }
 
     #[test]
@@ -500,7 +621,7 @@ mod tests {
         let bad = |o: Overrides| {
             FileConfig::default()
                 .resolve(Overrides {
-                    auth_keys: o.auth_keys.or(keys().auth_keys),
+                    key_dir: o.key_dir.or(keys().key_dir),
                     ..o
                 })
                 .unwrap_err()
@@ -586,10 +707,17 @@ mod tests {
         );
         assert_eq!(
             bad(Overrides {
-                auth_keys: Some("k1:short".into()),
+                key_dir: Some("/nonexistent/keys".into()),
                 ..Default::default()
             }),
-            "AUTH_KEYS"
+            "AUTH_KEY_DIR"
+        );
+        assert_eq!(
+            bad(Overrides {
+                mqtt_token: Some("not-a-jwt".into()),
+                ..Default::default()
+            }),
+            "MQTT_TOKEN"
         );
         assert_eq!(
             bad(Overrides {

@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use courier_auth::Audience;
 use courier_pipeline::{app, telemetry, FileConfig, Overrides, Role, RunOptions};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -37,9 +38,12 @@ struct Cli {
     /// Viewer gateway (MQTT over WebSocket) address.
     #[arg(long, global = true, env = "WS_LISTEN")]
     ws_listen: Option<String>,
-    /// Token signing keys, kid:secret[,kid:secret...]; the first signs.
-    #[arg(long, global = true, env = "AUTH_KEYS", hide_env_values = true)]
-    auth_keys: Option<String>,
+    /// Key directory: <aud>.key signs, <aud>.pub / .json verify (courier, viewer, trail, bus).
+    #[arg(long, global = true, env = "AUTH_KEY_DIR")]
+    key_dir: Option<String>,
+    /// A bus token to log in with instead of minting one with bus.key (e.g. for the edge).
+    #[arg(long, global = true, env = "MQTT_TOKEN", hide_env_values = true)]
+    mqtt_token: Option<String>,
     /// TLS listener of the embedded broker (needs mqtt.tls_cert and mqtt.tls_key).
     #[arg(long, global = true, env = "MQTT_TLS_LISTEN")]
     mqtt_tls_listen: Option<String>,
@@ -87,7 +91,7 @@ enum Command {
     HistoryWriter(RunArgs),
     /// Applies the missing PostgreSQL migrations (sql/) to DATABASE_URL.
     Migrate,
-    /// Mints a signed token with AUTH_KEYS.
+    /// Mints a token with the audience's private key (AUTH_KEY_DIR/<aud>.key).
     #[command(subcommand)]
     Token(TokenCommand),
     /// Orders API (HTTP_LISTEN) and viewer gateway (WS_LISTEN), against the broker at MQTT_URL.
@@ -106,8 +110,9 @@ enum Command {
 
 #[derive(Subcommand)]
 enum TokenCommand {
-    /// A support token with the `trail:read` scope, printed on stdout.
-    Support {
+    /// A support actor's trail token (audience `trail`, signed with trail.key), on stdout.
+    #[command(alias = "support")]
+    Trail {
         /// Who will use it; recorded in trail_access_log.
         #[arg(long)]
         actor: String,
@@ -115,8 +120,8 @@ enum TokenCommand {
         #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
         ttl: Duration,
     },
-    /// A courier's device token (MQTT password; username = the courier id), signed with the
-    /// first key of AUTH_KEYS. Rotation: put a new key first, re-issue, then drop the old key.
+    /// A courier's device token (MQTT password at the edge; username = the courier id), signed
+    /// with courier.key. Rotation: docs/security.md.
     Courier {
         /// The courier id, e.g. c00042.
         #[arg(long)]
@@ -125,8 +130,10 @@ enum TokenCommand {
         #[arg(long, default_value = "30d", value_parser = humantime::parse_duration)]
         ttl: Duration,
     },
-    /// A worker's broker credential (service scope), for a worker on another host.
-    Service {
+    /// A worker's bus token (audience `bus`, signed with bus.key; username = the role), for a
+    /// process given MQTT_TOKEN instead of bus.key, such as the edge.
+    #[command(alias = "service")]
+    Bus {
         /// The role it is for, e.g. ingest.
         #[arg(long)]
         role: String,
@@ -260,7 +267,9 @@ fn real_main() -> anyhow::Result<()> {
         database_url: cli.database_url.clone(),
         http_listen: cli.http_listen.clone(),
         ws_listen: cli.ws_listen.clone(),
-        auth_keys: cli.auth_keys.clone(),
+        key_dir: cli.key_dir.clone(),
+        mint: mints(&cli.command),
+        mqtt_token: cli.mqtt_token.clone(),
         mqtt_tls_listen: cli.mqtt_tls_listen.clone(),
         mqtt_ca_file: cli.mqtt_ca_file.clone(),
         mqtt_allow_anonymous: cli.mqtt_allow_anonymous,
@@ -298,25 +307,33 @@ fn real_main() -> anyhow::Result<()> {
             Command::HistoryWriter(a) => (Role::History, a),
             Command::Fanout(a) => (Role::Fanout, a),
             Command::Migrate => return migrate(&config.database_url).await,
-            Command::Token(TokenCommand::Support { actor, ttl }) => {
-                return support_token(config.auth.as_ref(), &actor, ttl)
+            Command::Token(TokenCommand::Trail { actor, ttl }) => {
+                anyhow::ensure!(
+                    !actor.trim().is_empty()
+                        && actor.len() <= 128
+                        && !actor.chars().any(char::is_control),
+                    "--actor must be a name of 1-128 printable characters"
+                );
+                return mint(&config, Audience::Trail, |now| {
+                    courier_auth::Claims::trail(actor.trim(), now, ttl.as_secs())
+                });
             }
             Command::Token(TokenCommand::Courier { id, ttl }) => {
                 anyhow::ensure!(
                     courier_wire::topic::valid_id(&id),
                     "--id: not a valid courier id"
                 );
-                return mint(config.auth.as_ref(), |now| {
+                return mint(&config, Audience::Courier, |now| {
                     courier_auth::Claims::courier(&id, now, ttl.as_secs())
                 });
             }
-            Command::Token(TokenCommand::Service { role, ttl }) => {
+            Command::Token(TokenCommand::Bus { role, ttl }) => {
                 anyhow::ensure!(
                     courier_wire::topic::valid_id(&role),
                     "--role: letters, digits, - and _ only"
                 );
-                return mint(config.auth.as_ref(), |now| {
-                    courier_auth::Claims::service(&role, now, ttl.as_secs())
+                return mint(&config, Audience::Bus, |now| {
+                    courier_auth::Claims::bus(&role, now, ttl.as_secs())
                 });
             }
             Command::Health { .. } => unreachable!("handled before the runtime starts"),
@@ -399,7 +416,7 @@ async fn simulate(
         ..Default::default()
     };
     cfg.validate().map_err(anyhow::Error::msg)?;
-    // Multiplexed connections go to the bus and log in as the load tester (a service token); a
+    // Multiplexed connections go to the bus and log in as the load tester (a bus token); a
     // courier's own connection goes to the edge (EDGE_LISTEN) and logs in as that courier with his
     // device token, as a phone does.
     let mut endpoint = config.worker_endpoint("simulator");
@@ -412,13 +429,18 @@ async fn simulate(
             .context("one connection per courier goes to the edge: set EDGE_LISTEN")?;
         endpoint = courier_wire::MqttEndpoint::new(edge.ip().to_string(), edge.port());
     }
-    let courier_login: Option<simulator::links::CourierLogin> = config.auth.clone().map(|keys| {
-        let f: simulator::links::CourierLogin = Arc::new(move |id: &str| {
-            let now = courier_wire::clock::unix_now() as u64;
-            keys.sign(&courier_auth::Claims::courier(id, now, 24 * 3600))
+    let courier_login: Option<simulator::links::CourierLogin> = config
+        .auth
+        .as_ref()
+        .and_then(|k| k.signer(Audience::Courier))
+        .cloned()
+        .map(|keys| {
+            let f: simulator::links::CourierLogin = Arc::new(move |id: &str| {
+                let now = courier_wire::clock::unix_now() as u64;
+                keys.sign(&courier_auth::Claims::courier(id, now, 24 * 3600))
+            });
+            f
         });
-        f
-    });
     let also = a
         .also_mqtt_url
         .iter()
@@ -553,37 +575,36 @@ async fn migrate(url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn support_token(
-    keys: Option<&courier_auth::Keyring>,
-    actor: &str,
-    ttl: Duration,
-) -> anyhow::Result<()> {
-    let keys = keys.context("AUTH_KEYS is not set: tokens are signed with it (kid:secret, a secret of at least 16 bytes)")?;
-    anyhow::ensure!(
-        !actor.trim().is_empty() && actor.len() <= 128 && !actor.chars().any(char::is_control),
-        "--actor must be a name of 1-128 printable characters"
-    );
-    anyhow::ensure!(ttl >= Duration::from_secs(1), "--ttl must be at least 1s");
-    let now = courier_wire::clock::unix_now() as u64;
-    let claims = courier_auth::Claims {
-        sub: actor.trim().to_string(),
-        scope: history_writer::TRAIL_SCOPE.to_string(),
-        order: None,
-        iat: now,
-        exp: now + ttl.as_secs(),
-    };
-    println!("{}", keys.sign(&claims));
-    Ok(())
+/// The audiences whose private keys a command reads: what it mints, nothing more (the edge
+/// and the bus broker read none).
+fn mints(command: &Command) -> Vec<Audience> {
+    match command {
+        Command::Run(_) | Command::Fanout(_) => vec![Audience::Viewer, Audience::Bus],
+        Command::Ingest(_) | Command::HistoryWriter(_) => vec![Audience::Bus],
+        // Its own connection per courier logs in at the edge with a device token; shared
+        // connections log in at the bus.
+        Command::Simulate(a) if a.connections.is_none() => vec![Audience::Courier],
+        Command::Simulate(_) => vec![Audience::Bus],
+        Command::Token(TokenCommand::Courier { .. }) => vec![Audience::Courier],
+        Command::Token(TokenCommand::Trail { .. }) => vec![Audience::Trail],
+        Command::Token(TokenCommand::Bus { .. }) => vec![Audience::Bus],
+        Command::Broker(_)
+        | Command::Edge(_)
+        | Command::Migrate
+        | Command::Health { .. }
+        | Command::Nearest(_) => vec![],
+    }
 }
 
-/// Prints a token signed with the first key of AUTH_KEYS.
+/// Prints a token signed with the audience's private key.
 fn mint(
-    keys: Option<&courier_auth::Keyring>,
+    config: &courier_pipeline::Config,
+    aud: Audience,
     claims: impl FnOnce(u64) -> courier_auth::Claims,
 ) -> anyhow::Result<()> {
-    let keys = keys.context("AUTH_KEYS is not set: tokens are signed with it (kid:secret, a secret of at least 16 bytes)")?;
+    let key = config.signer(aud, &format!("{aud} tokens are signed with it"))?;
     let now = courier_wire::clock::unix_now() as u64;
-    println!("{}", keys.sign(&claims(now)));
+    println!("{}", key.sign(&claims(now)));
     Ok(())
 }
 

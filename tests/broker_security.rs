@@ -1,18 +1,16 @@
-//! The embedded bus broker with logins and TLS: workers log in with a service token, nobody
-//! else, not even a courier with his valid device token (couriers log in at the edge:
+//! The embedded bus broker with logins and TLS: workers log in with a bus token under their
+//! own role, nobody else, not even a courier with his valid device token (couriers log in at the edge:
 //! tests/edge_security.rs); the TLS listener carries the same traffic, checked against a
 //! throwaway certificate.
 
 mod support;
 
-use courier_auth::{Claims, Keyring};
+use courier_auth::{Audience, Claims, SigningKey};
 use courier_pipeline::broker::{self, TlsListener};
 use courier_wire::{loc_topic, Keys, MqttEndpoint};
 use rumqttc::{AsyncClient, Event, Packet};
 use std::time::Duration;
 use support::*;
-
-const KEYS: &str = "k1:broker-security-test-key-0123456789";
 
 fn now() -> u64 {
     courier_wire::clock::unix_now() as u64
@@ -53,18 +51,22 @@ async fn logins_are_checked_and_tls_carries_points() {
     let (ca, cert, key) = throwaway_tls(&dir);
 
     let (plain, tls) = (free_addr(), free_addr());
-    let keys = Keyring::parse(KEYS).unwrap();
     let mut config = broker::load_config(None, plain).unwrap();
     let tls_listener = TlsListener {
         listen: tls,
         cert: cert.clone(),
         key,
     };
-    broker::secure(&mut config, Some(&tls_listener), Some(keys.clone())).unwrap();
+    broker::secure(
+        &mut config,
+        Some(&tls_listener),
+        Some(test_verifier(Audience::Bus)),
+    )
+    .unwrap();
     broker::start(config, plain).unwrap();
 
     let plain_ep = MqttEndpoint::new("127.0.0.1", plain.port());
-    let courier = keys.sign(&Claims::courier("c7", now(), 600));
+    let courier = sign(&Claims::courier("c7", now(), 600));
     assert!(!admitted(&plain_ep).await, "anonymous client admitted");
     assert!(
         !admitted(&login(&plain_ep, "c7", "not-a-token")).await,
@@ -74,29 +76,50 @@ async fn logins_are_checked_and_tls_carries_points() {
         !admitted(&login(&plain_ep, "c8", &courier)).await,
         "c7's token admitted as c8"
     );
-    let expired = keys.sign(&Claims::courier("c7", now() - 7200, 600));
+    let expired = sign(&Claims::bus("edge", now() - 7200, 600));
     assert!(
-        !admitted(&login(&plain_ep, "c7", &expired)).await,
+        !admitted(&login(&plain_ep, "edge", &expired)).await,
         "expired token admitted"
     );
-    let forged = Keyring::parse("k1:some-other-secret-entirely-0000")
+    let forged = SigningKey::generate(Audience::Bus)
         .unwrap()
-        .sign(&Claims::courier("c7", now(), 600));
+        .sign(&Claims::bus("edge", now(), 600));
     assert!(
-        !admitted(&login(&plain_ep, "c7", &forged)).await,
+        !admitted(&login(&plain_ep, "edge", &forged)).await,
         "forged token admitted"
     );
     assert!(
         !admitted(&login(&plain_ep, "c7", &courier)).await,
         "a courier's valid token admitted to the bus"
     );
-    let edge_svc = keys.sign(&Claims::service("edge", now(), 600));
+    for (user, token, what) in [
+        (
+            "c7",
+            sign(&Claims::viewer("c7", "o1", now(), 600)),
+            "a tracking token",
+        ),
+        (
+            "alice",
+            sign(&Claims::trail("alice", now(), 600)),
+            "a trail token",
+        ),
+    ] {
+        assert!(
+            !admitted(&login(&plain_ep, user, &token)).await,
+            "{what} admitted"
+        );
+    }
+    let edge_svc = sign(&Claims::bus("edge", now(), 600));
     assert!(
-        admitted(&login(&plain_ep, "svc-edge", &edge_svc)).await,
-        "a service token refused"
+        !admitted(&login(&plain_ep, "ingest", &edge_svc)).await,
+        "the edge's bus token admitted under another role"
+    );
+    assert!(
+        admitted(&login(&plain_ep, "edge", &edge_svc)).await,
+        "a bus token refused"
     );
 
-    // Over TLS: the courier publishes, an ingest worker with a service token (also over TLS)
+    // Over TLS: the courier publishes, an ingest worker with a bus token (also over TLS)
     // takes the point into Redis.
     let tls_ep = MqttEndpoint {
         tls: true,
@@ -104,15 +127,15 @@ async fn logins_are_checked_and_tls_carries_points() {
         ..MqttEndpoint::new("127.0.0.1", tls.port())
     };
     assert!(
-        admitted(&login(&tls_ep, "svc-edge", &edge_svc)).await,
+        admitted(&login(&tls_ep, "edge", &edge_svc)).await,
         "service refused over TLS"
     );
     let prefix_keys = Keys::with_prefix(&prefix());
-    let service = keys.sign(&Claims::service("ingest", now(), 600));
-    let worker = TestBroker::external_view(login(&tls_ep, "svc-ingest", &service));
+    let service = sign(&Claims::bus("ingest", now(), 600));
+    let worker = TestBroker::external_view(login(&tls_ep, "ingest", &service));
     let ing = start_ingest(&worker, test_ingest_config(), prefix_keys.clone()).await;
     // The edge's own bus connection carries the courier's point.
-    let (phone, _h) = client(&login(&tls_ep, "svc-edge", &edge_svc), None).await;
+    let (phone, _h) = client(&login(&tls_ep, "edge", &edge_svc), None).await;
     publish(
         &phone,
         &loc_topic("c7"),
@@ -141,7 +164,7 @@ async fn logins_are_checked_and_tls_carries_points() {
         ca_pem: Some(std::fs::read(other_ca).unwrap()),
         ..tls_ep.clone()
     };
-    assert!(!admitted(&login(&untrusting, "svc-edge", &edge_svc)).await);
+    assert!(!admitted(&login(&untrusting, "edge", &edge_svc)).await);
     ing.stop().await;
     cleanup(&prefix_keys).await;
     let _ = std::fs::remove_dir_all(dir);

@@ -90,7 +90,7 @@ async fn run_takes_a_point_serves_metrics_and_stops_on_sigterm() {
         .env("WS_LISTEN", ws.to_string())
         .env("REDIS_URL", &services().redis_url)
         .env("DATABASE_URL", &services().database_url)
-        .env("AUTH_KEYS", "test:0123456789abcdef0123456789abcdef")
+        .env("AUTH_KEY_DIR", test_key_dir())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -102,11 +102,10 @@ async fn run_takes_a_point_serves_metrics_and_stops_on_sigterm() {
     }
     // The phone logs in at the edge with his device token; the edge hands the point to the
     // embedded bus in-process.
-    let keys = courier_auth::Keyring::parse("test:0123456789abcdef0123456789abcdef").unwrap();
     let now = courier_wire::clock::unix_now() as u64;
     let endpoint = courier_wire::MqttEndpoint {
         username: Some("cli1".into()),
-        password: Some(keys.sign(&courier_auth::Claims::courier("cli1", now, 600))),
+        password: Some(sign(&courier_auth::Claims::courier("cli1", now, 600))),
         ..courier_wire::MqttEndpoint::new("127.0.0.1", edge.port())
     };
     let (c, _h) = client(&endpoint, None).await;
@@ -164,6 +163,20 @@ async fn run_takes_a_point_serves_metrics_and_stops_on_sigterm() {
     }
     assert!(!health(format!("http://{metrics}/nothing-here")));
     assert!(!health(format!("http://{}/healthz", free_addr())));
+    // The public keys it accepts, as a JWKS other verifiers can use: one per audience here,
+    // each under its kid, and nothing private.
+    let jwks = http_get(http, "/.well-known/jwks.json", None).await;
+    assert_eq!(jwks.status, 200, "{}", jwks.body);
+    let keys = jwks.json()["keys"].as_array().unwrap().clone();
+    assert_eq!(keys.len(), 4, "{}", jwks.body);
+    for aud in courier_auth::Audience::ALL {
+        let kid = test_verifier(aud).kids()[0].to_string();
+        assert!(
+            keys.iter().any(|k| k["kid"] == kid && k["alg"] == "EdDSA"),
+            "{aud}"
+        );
+    }
+    assert!(keys.iter().all(|k| k.get("d").is_none()));
 
     let _ = Command::new("kill")
         .arg("-TERM")
@@ -209,7 +222,7 @@ fn log_format_json_writes_one_json_object_per_line() {
         .arg("broker")
         .env_remove("MQTT_URL")
         .env("LOG_FORMAT", "json")
-        .env("AUTH_KEYS", "test:0123456789abcdef0123456789abcdef")
+        .env("AUTH_KEY_DIR", test_key_dir())
         .env("MQTT_LISTEN", mqtt.to_string())
         .env("METRICS_LISTEN", "off")
         .stderr(Stdio::piped())
@@ -247,7 +260,7 @@ fn the_embedded_broker_will_not_admit_anyone_without_keys() {
     let out = Command::new(BIN)
         .arg("broker")
         .env_remove("MQTT_URL")
-        .env_remove("AUTH_KEYS")
+        .env_remove("AUTH_KEY_DIR")
         .env("MQTT_LISTEN", free_addr().to_string())
         .env("METRICS_LISTEN", "off")
         .output()
@@ -255,9 +268,25 @@ fn the_embedded_broker_will_not_admit_anyone_without_keys() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.lines().any(|l| l.starts_with("error: AUTH_KEYS")),
+        err.lines().any(|l| l.starts_with("error: AUTH_KEY_DIR")),
         "{err}"
     );
+    // A key directory without bus keys (an edge's) is no better.
+    let dir = std::env::temp_dir().join(format!("broker-no-bus-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(test_key_dir().join("courier.pub"), dir.join("courier.pub")).unwrap();
+    let out = Command::new(BIN)
+        .arg("broker")
+        .env_remove("MQTT_URL")
+        .env("AUTH_KEY_DIR", &dir)
+        .env("MQTT_LISTEN", free_addr().to_string())
+        .env("METRICS_LISTEN", "off")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("has no bus.pub"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

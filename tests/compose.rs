@@ -54,7 +54,7 @@ fn host_port(url: &str) -> (String, u16) {
 fn secrets_have_no_published_default() {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docker-compose.yaml"))
         .unwrap();
-    for secret in ["AUTH_KEYS", "SERVICE_KEY", "POSTGRES_PASSWORD"] {
+    for secret in ["SERVICE_KEY", "POSTGRES_PASSWORD", "EDGE_BUS_TOKEN"] {
         let uses: Vec<&str> = text
             .match_indices(&format!("${{{secret}"))
             .map(|(i, _)| &text[i..i + text[i..].find('}').unwrap() + 1])
@@ -100,11 +100,16 @@ fn compose_matches_the_cli_contract() {
                 s(port)
             );
         }
-        if name != "postgres" {
-            assert!(
-                svc.get("volumes").is_none() || name == "mosquitto",
-                "{name} keeps a volume"
-            );
+        if name != "postgres" && name != "mosquitto" {
+            // No state; only key files, read-only, each mounted alone.
+            for m in svc["volumes"].as_sequence().into_iter().flatten() {
+                let m = s(m);
+                let file = m.strip_prefix("./keys/").and_then(|r| r.split(':').next());
+                assert!(
+                    file.is_some_and(|f| m == format!("./keys/{f}:/keys/{f}:ro")),
+                    "{name} mounts {m}: only ./keys/<file>:/keys/<file>:ro"
+                );
+            }
         }
         if svc["image"].as_str() != Some("courier-pipeline:latest") {
             continue;
@@ -163,4 +168,49 @@ fn compose_matches_the_cli_contract() {
     assert_eq!(roles.get("fanout"), Some(&1));
     let volumes: Vec<String> = c["volumes"].as_mapping().unwrap().keys().map(s).collect();
     assert_eq!(volumes, ["pgdata"]);
+}
+
+/// Each service holds the private keys of what it mints and the public keys of what it checks,
+/// nothing more: the internet-facing edge and the bus get no private key at all.
+#[test]
+fn each_service_mounts_only_the_keys_its_role_needs() {
+    let c = compose();
+    let want: BTreeMap<&str, &[&str]> = [
+        ("broker", &["bus.pub"][..]),
+        ("edge", &["courier.pub"][..]),
+        ("ingest", &["bus.key", "bus.pub"][..]),
+        ("history-writer", &["bus.key", "bus.pub", "trail.pub"][..]),
+        (
+            "fanout",
+            &["bus.key", "bus.pub", "viewer.key", "viewer.pub"][..],
+        ),
+    ]
+    .into_iter()
+    .collect();
+    for (name, svc) in c["services"].as_mapping().unwrap() {
+        if svc["image"].as_str() != Some("courier-pipeline:latest") {
+            continue;
+        }
+        let cmd = s(&svc["command"][0]);
+        let mut files: Vec<String> = svc["volumes"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .map(|m| {
+                s(m).split(':')
+                    .nth(1)
+                    .unwrap()
+                    .trim_start_matches("/keys/")
+                    .to_string()
+            })
+            .collect();
+        files.sort();
+        assert_eq!(files, want[cmd.as_str()], "{}", s(name));
+        assert_eq!(
+            s(&svc["environment"]["AUTH_KEY_DIR"]),
+            "/keys",
+            "{}",
+            s(name)
+        );
+    }
 }

@@ -6,7 +6,7 @@
 
 mod support;
 
-use courier_auth::{Claims, Keyring};
+use courier_auth::{Audience, Claims, KeySet, SigningKey};
 use courier_pipeline::broker;
 use courier_wire::{loc_topic, status_topic, Keys, MqttEndpoint};
 use edge::{Edge, EdgeConfig, Refusal, Via};
@@ -19,18 +19,12 @@ use std::time::Duration;
 use support::*;
 use tokio_util::sync::CancellationToken;
 
-const KEYS: &str = "k1:edge-security-test-key-0123456789";
-
 fn now() -> u64 {
     courier_wire::clock::unix_now() as u64
 }
 
-fn keys() -> Keyring {
-    Keyring::parse(KEYS).unwrap()
-}
-
 fn device_token(id: &str, ttl: u64) -> String {
-    keys().sign(&Claims::courier(id, now(), ttl))
+    sign(&Claims::courier(id, now(), ttl))
 }
 
 fn login(e: &MqttEndpoint, user: &str, pass: &str) -> MqttEndpoint {
@@ -90,19 +84,19 @@ async fn rig(o: RigOptions) -> Rig {
     let stats = Arc::new(edge::Stats::default());
     let mut bound = Edge {
         settings: ec.validate().unwrap(),
-        keys: keys(),
+        keys: test_verifier(Audience::Courier),
         stats: stats.clone(),
     }
     .bind()
     .unwrap();
     let addr = free_addr();
     let mut config = broker::load_config(None, addr).unwrap();
-    broker::secure(&mut config, None, Some(keys())).unwrap();
+    broker::secure(&mut config, None, Some(test_verifier(Audience::Bus))).unwrap();
     let service = |role: &str| {
         login(
             &MqttEndpoint::new("127.0.0.1", addr.port()),
-            &format!("svc-{role}"),
-            &keys().sign(&Claims::service(role, now(), 600)),
+            role,
+            &sign(&Claims::bus(role, now(), 600)),
         )
     };
     let bus_link = if o.in_process {
@@ -215,11 +209,24 @@ async fn connect_v5(e: &MqttEndpoint) -> Option<m5::ConnectReturnCode> {
 async fn logins_are_refused_with_the_proper_codes_and_counted() {
     let r = rig(RigOptions::default()).await;
     let a = device_token("ca", 600);
-    let expired = keys().sign(&Claims::courier("ca", now() - 7200, 600));
-    let forged = Keyring::parse("k1:some-other-secret-entirely-0000")
-        .unwrap()
-        .sign(&Claims::courier("ca", now(), 600));
-    let service = keys().sign(&Claims::service("ingest", now(), 600));
+    let expired = sign(&Claims::courier("ca", now() - 7200, 600));
+    // Another key under the real key's id: the signature does not match.
+    let kid = test_verifier(Audience::Courier).kids()[0].to_string();
+    let forger = SigningKey::parse(
+        Audience::Courier,
+        &format!(
+            r#"{{"kty":"OKP","crv":"Ed25519","kid":"{kid}","x":"{}","d":"{}"}}"#,
+            "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo",
+            "nWGxne_9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A"
+        ),
+    )
+    .unwrap();
+    let forged = forger.sign(&Claims::courier("ca", now(), 600));
+    // Valid tokens of the other audiences, signed with their real keys: a worker's bus token,
+    // a customer's tracking token, a support actor's trail token.
+    let service = sign(&Claims::bus("ingest", now(), 600));
+    let viewer = sign(&Claims::viewer("ca", "o1", now(), 600));
+    let trail = sign(&Claims::trail("ca", now(), 600));
     use ConnectReturnCode::{BadUserNamePassword as Bad, NotAuthorized as Denied};
     for (ep, want, why) in [
         (r.phones.clone(), Bad, "anonymous"),
@@ -228,10 +235,12 @@ async fn logins_are_refused_with_the_proper_codes_and_counted() {
         (login(&r.phones, "ca", &forged), Bad, "forged"),
         (login(&r.phones, "cb", &a), Denied, "A's token as B"),
         (
-            login(&r.phones, "svc-ingest", &service),
-            Denied,
-            "a worker's token",
+            login(&r.phones, "ingest", &service),
+            Bad,
+            "a worker's bus token",
         ),
+        (login(&r.phones, "ca", &viewer), Bad, "a tracking token"),
+        (login(&r.phones, "ca", &trail), Bad, "a trail token"),
     ] {
         assert_eq!(connect_v4(&ep, None).await, Some(want), "{why}");
     }
@@ -265,10 +274,11 @@ async fn logins_are_refused_with_the_proper_codes_and_counted() {
         Some(ConnectReturnCode::Success)
     );
     let e = &r.edge;
-    // anonymous, garbage and forged (3.1.1), garbage (5)
-    assert_eq!(e.refused(Refusal::BadToken), 4);
+    // anonymous, garbage, forged, bus, tracking and trail tokens (3.1.1), garbage (5)
+    assert_eq!(e.refused(Refusal::BadToken), 7);
     assert_eq!(e.refused(Refusal::ExpiredToken), 1);
-    assert_eq!(e.refused(Refusal::WrongCourier), 3);
+    // A's token as B (3.1.1 and 5)
+    assert_eq!(e.refused(Refusal::WrongCourier), 2);
     assert_eq!(e.refused(Refusal::Will), 3);
     // The bus itself admits workers only: a courier's valid token is refused there.
     let bus_as_courier = login(&r.bus, "ca", &a);
@@ -632,34 +642,44 @@ async fn tls_and_websocket_carry_points_and_idle_handshakes_block_no_one() {
     r.stop().await;
 }
 
-/// `courier-pipeline token courier` mints what the edge admits, for that courier only; after a
-/// key rotation (new key first, old key still listed) the old token still works.
+/// `courier-pipeline token courier` mints what the edge admits, for that courier only. Key
+/// rotation by kid: a new courier.key signs while the old public key is still listed
+/// (courier.<label>.pub), so tokens of both log in; once the old file is gone, old tokens
+/// are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_minted_courier_tokens_log_in_and_survive_rotation() {
     const BIN: &str = env!("CARGO_BIN_EXE_courier-pipeline");
-    let mint = |keys: &str, id: &str| cli_token(&["courier", "--id", id, "--ttl", "10m"], keys);
-    let old = mint("k1:first-key-of-this-test-0123456", "c9");
-    let rotated = "k2:second-key-of-this-test-012345,k1:first-key-of-this-test-0123456";
-    let new = mint(rotated, "c9");
-    assert!(new.starts_with("v1.k2."));
-    let mut bound = Edge {
-        settings: EdgeConfig {
-            listen: "127.0.0.1:0".into(),
-            reuse_port: false,
-            ..EdgeConfig::default()
-        }
-        .validate()
-        .unwrap(),
-        keys: Keyring::parse(rotated).unwrap(),
-        stats: Default::default(),
-    }
-    .bind()
-    .unwrap();
-    let addr = bound.local_addrs()[0].1;
-    let _queue = bound.take_queue();
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(bound.run(None, stop.clone()));
-    let ep = MqttEndpoint::new("127.0.0.1", addr.port());
+    let dir = std::env::temp_dir().join(format!("rotation-{:x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write_key = |k: &SigningKey| {
+        std::fs::write(dir.join("courier.key"), k.to_pem()).unwrap();
+        std::fs::write(dir.join("courier.pub"), k.public().to_pem()).unwrap();
+    };
+    let mint = |id: &str| cli_token_with(&dir, &["courier", "--id", id, "--ttl", "10m"]);
+    let first = SigningKey::generate(Audience::Courier).unwrap();
+    write_key(&first);
+    let old = mint("c9");
+    // Rotate: the new key signs, the old public key stays for the old tokens.
+    let second = SigningKey::generate(Audience::Courier).unwrap();
+    write_key(&second);
+    std::fs::write(dir.join("courier.first.pub"), first.public().to_pem()).unwrap();
+    let new = mint("c9");
+    let signed_by = |t: &str, k: &SigningKey| {
+        courier_auth::Verifier::new(Audience::Courier, [k.public().clone()])
+            .unwrap()
+            .verify(t, now())
+            .is_ok()
+    };
+    assert!(signed_by(&old, &first) && !signed_by(&old, &second));
+    assert!(signed_by(&new, &second) && !signed_by(&new, &first));
+    let edge_keys = |dir: &std::path::Path| {
+        KeySet::load(dir, &[])
+            .unwrap()
+            .verifier(Audience::Courier)
+            .unwrap()
+            .clone()
+    };
+    let (ep, stop, task) = bare_edge(edge_keys(&dir));
     assert_eq!(
         connect_v4(&login(&ep, "c9", &old), None).await,
         Some(ConnectReturnCode::Success)
@@ -673,10 +693,56 @@ async fn cli_minted_courier_tokens_log_in_and_survive_rotation() {
         Some(ConnectReturnCode::NotAuthorized)
     );
     stop_role("edge", stop, task).await;
+    // The old key retired: its tokens no longer log in, the new ones do.
+    std::fs::remove_file(dir.join("courier.first.pub")).unwrap();
+    let (ep, stop, task) = bare_edge(edge_keys(&dir));
+    assert_eq!(
+        connect_v4(&login(&ep, "c9", &old), None).await,
+        Some(ConnectReturnCode::BadUserNamePassword)
+    );
+    assert_eq!(
+        connect_v4(&login(&ep, "c9", &new), None).await,
+        Some(ConnectReturnCode::Success)
+    );
+    stop_role("edge", stop, task).await;
     let out = Command::new(BIN)
         .args(["token", "courier", "--id", "c9"])
-        .env_remove("AUTH_KEYS")
+        .env_remove("AUTH_KEY_DIR")
         .output()
         .unwrap();
     assert!(!out.status.success());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An edge with no bus behind it, checking device tokens with `keys`.
+#[allow(clippy::type_complexity)]
+fn bare_edge(
+    keys: courier_auth::Verifier,
+) -> (
+    MqttEndpoint,
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), edge::EdgeError>>,
+) {
+    let mut bound = Edge {
+        settings: EdgeConfig {
+            listen: "127.0.0.1:0".into(),
+            reuse_port: false,
+            ..EdgeConfig::default()
+        }
+        .validate()
+        .unwrap(),
+        keys,
+        stats: Default::default(),
+    }
+    .bind()
+    .unwrap();
+    let addr = bound.local_addrs()[0].1;
+    let queue = bound.take_queue();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    let task = tokio::spawn(async move {
+        let _queue = queue;
+        bound.run(None, s).await
+    });
+    (MqttEndpoint::new("127.0.0.1", addr.port()), stop, task)
 }

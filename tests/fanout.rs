@@ -210,16 +210,13 @@ async fn foreign_filters_are_refused_in_suback_on_both_versions() {
 }
 
 fn signed(order: &str, exp: u64) -> String {
-    test_keyring().sign(&Claims {
-        sub: "customer".into(),
-        scope: "track".into(),
-        order: Some(order.into()),
-        iat: exp.saturating_sub(60),
+    sign(&Claims {
         exp,
+        ..Claims::viewer("customer", order, exp.saturating_sub(60), 0)
     })
 }
 
-/// Expired and forged tokens, a token of another scope and a token of an unknown order are
+/// Expired and forged tokens, tokens of other audiences and a token of an unknown order are
 /// refused at CONNECT with the protocol's not-authorized code.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_tokens_are_refused_at_connect_on_both_versions() {
@@ -229,27 +226,25 @@ async fn bad_tokens_are_refused_at_connect_on_both_versions() {
     assign_and_token(&f, "o-1", "c-1").await;
     let t = now() as u64;
     let expired = signed("o-1", t - 1);
-    let forged = courier_auth::Keyring::parse("test:not-the-real-secret-xx")
+    let forged = courier_auth::SigningKey::generate(courier_auth::Audience::Viewer)
         .unwrap()
-        .sign(&Claims {
-            sub: "customer".into(),
-            scope: "track".into(),
-            order: Some("o-1".into()),
-            iat: t,
-            exp: t + 600,
-        });
-    let wrong_scope = test_keyring().sign(&Claims {
-        sub: "x".into(),
-        scope: "trail:read".into(),
+        .sign(&Claims::viewer("customer", "o-1", t, 600));
+    // Valid tokens of other audiences, even carrying the order: a trail token, the courier's
+    // own device token.
+    let trail_token = sign(&Claims {
         order: Some("o-1".into()),
-        iat: t,
-        exp: t + 600,
+        ..Claims::trail("x", t, 600)
+    });
+    let device = sign(&Claims {
+        order: Some("o-1".into()),
+        ..Claims::courier("c-1", t, 600)
     });
     let unknown_order = signed("o-unknown", t + 600);
     for token in [
         &expired,
         &forged,
-        &wrong_scope,
+        &trail_token,
+        &device,
         &unknown_order,
         &"garbage".to_string(),
     ] {
@@ -265,7 +260,8 @@ async fn bad_tokens_are_refused_at_connect_on_both_versions() {
         }
     }
     assert_eq!(f.stats.refused(fanout::Refusal::ExpiredToken), 2);
-    assert_eq!(f.stats.refused(fanout::Refusal::BadToken), 6);
+    // forged, trail token, device token, garbage: on both versions
+    assert_eq!(f.stats.refused(fanout::Refusal::BadToken), 8);
     assert_eq!(f.stats.refused(fanout::Refusal::OrderEnded), 2);
     assert_eq!(f.stats.viewers.load(Relaxed), 0);
     f.stop().await;

@@ -362,7 +362,7 @@ async fn simulate_with_orders_api_watches_through_the_gateway_and_delivers() {
             )
             .env("REDIS_URL", &services().redis_url)
             .env("RUST_LOG", "warn")
-            .env_remove("AUTH_KEYS")
+            .env_remove("AUTH_KEY_DIR")
             .env_remove("SERVICE_KEY")
             .kill_on_drop(true);
         if let Some(k) = service_key {

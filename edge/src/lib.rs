@@ -31,7 +31,7 @@ pub use sink::Queue;
 pub use source::{Door, DoorRefusal, DoorSettings, PendingSlot, Policy};
 
 use bytes::Bytes;
-use courier_auth::Keyring;
+use courier_auth::Verifier;
 use courier_wire::MqttEndpoint;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
@@ -68,7 +68,7 @@ pub enum EdgeError {
 pub struct Edge {
     pub settings: EdgeSettings,
     /// Checks the couriers' device tokens.
-    pub keys: Keyring,
+    pub keys: Verifier,
     /// Shared with whoever reports progress (tests, benchmarks, status lines).
     pub stats: Arc<Stats>,
 }

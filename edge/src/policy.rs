@@ -3,13 +3,13 @@
 //!
 //! | packet | allowed | otherwise |
 //! |---|---|---|
-//! | CONNECT | username = courier id, password = a `courier` token for that id, not expired; Will (if any) on `couriers/<id>/status`, not retained, QoS <= 1 | CONNACK 3.1.1 code 4 / MQTT 5 0x86 (bad token), code 5 / 0x87 (valid token, wrong id or scope, or a bad Will) |
+//! | CONNECT | username = courier id, password = a `courier` token for that id, not expired; Will (if any) on `couriers/<id>/status`, not retained, QoS <= 1 | CONNACK 3.1.1 code 4 / MQTT 5 0x86 (bad token, or any other audience's: signed with a key the edge does not hold), code 5 / 0x87 (valid token, wrong id, or a bad Will) |
 //! | PUBLISH | `couriers/<id>/loc` or `couriers/<id>/status`, QoS 0 or 1, not retained, no topic alias | MQTT 5: PUBACK 0x87 (QoS 1, wrong topic), else DISCONNECT 0x87 / 0x9A retain / 0x9B QoS 2; 3.1.1: close |
 //! | SUBSCRIBE | nothing (a phone reads nothing) | SUBACK failure for every filter |
 //! | more points than the bucket holds | - | dropped and counted, connection kept |
 
 use crate::codec::{ConnectOutcome, Publish, Will};
-use courier_auth::{Keyring, TokenError, SCOPE_COURIER};
+use courier_auth::{TokenError, Verifier};
 use courier_wire::topic::valid_id;
 use courier_wire::{parse_courier_topic, CourierTopic};
 
@@ -99,7 +99,7 @@ use bytes::Bytes;
 
 /// Checks a CONNECT: the courier's device token under his id, and his Will.
 pub fn connect(
-    keys: &Keyring,
+    keys: &Verifier,
     username: Option<&str>,
     password: Option<&str>,
     will: Option<Will>,
@@ -110,11 +110,14 @@ pub fn connect(
     let (Some(user), Some(pass)) = (username, password) else {
         return Err(bad(Refusal::BadToken));
     };
+    // `keys` hold the courier audience's keys only: a viewer, trail or bus token is signed
+    // with another audience's key and fails here as an unknown key.
     let claims = keys.verify(pass, now).map_err(|e| match e {
         TokenError::Expired => bad(Refusal::ExpiredToken),
+        TokenError::WrongAudience => denied(Refusal::WrongCourier),
         _ => bad(Refusal::BadToken),
     })?;
-    if !claims.has_scope(SCOPE_COURIER) || claims.sub != user || !valid_id(user) {
+    if claims.sub != user || !valid_id(user) {
         return Err(denied(Refusal::WrongCourier));
     }
     let will = match will {
@@ -208,15 +211,20 @@ impl Bucket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use courier_auth::Claims;
+    use courier_auth::{Audience, Claims, SigningKey};
     use proptest::prelude::*;
 
-    fn keys() -> Keyring {
-        Keyring::parse("k1:0123456789abcdef").unwrap()
+    fn signer() -> &'static SigningKey {
+        static KEY: std::sync::OnceLock<SigningKey> = std::sync::OnceLock::new();
+        KEY.get_or_init(|| SigningKey::generate(Audience::Courier).unwrap())
+    }
+
+    fn keys() -> Verifier {
+        Verifier::new(Audience::Courier, [signer().public().clone()]).unwrap()
     }
 
     fn token(id: &str, exp_in: u64) -> String {
-        keys().sign(&Claims::courier(id, 1000, exp_in))
+        signer().sign(&Claims::courier(id, 1000, exp_in))
     }
 
     fn will(topic: &str) -> Will {
@@ -275,7 +283,7 @@ mod tests {
             c(Some("c1"), Some("garbage"), None, 1500),
             (BadCredentials, Refusal::BadToken)
         );
-        let forged = Keyring::parse("k1:another-secret-of-16+")
+        let forged = SigningKey::generate(Audience::Courier)
             .unwrap()
             .sign(&Claims::courier("c1", 1000, 3600));
         assert_eq!(
@@ -291,8 +299,15 @@ mod tests {
             c(Some("c2"), Some(&t), None, 1500),
             (NotAuthorized, Refusal::WrongCourier)
         );
-        // A worker's token is no phone login.
-        let svc = k.sign(&Claims::service("ingest", 1000, 3600));
+        // A worker's token is no phone login: signed with the bus key, unknown here...
+        let bus = SigningKey::generate(Audience::Bus).unwrap();
+        let svc = bus.sign(&Claims::bus("ingest", 1000, 3600));
+        assert_eq!(
+            c(Some("ingest"), Some(&svc), None, 1500),
+            (BadCredentials, Refusal::BadToken)
+        );
+        // ...and were the courier key misused to sign one, its audience is still not courier.
+        let svc = signer().sign(&Claims::bus("ingest", 1000, 3600));
         assert_eq!(
             c(Some("ingest"), Some(&svc), None, 1500),
             (NotAuthorized, Refusal::WrongCourier)

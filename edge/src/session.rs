@@ -14,7 +14,7 @@ use crate::source::{DoorRefusal, PendingSlot};
 use crate::transport::Transport;
 use crate::{EdgeSettings, Message};
 use bytes::{Bytes, BytesMut};
-use courier_auth::Keyring;
+use courier_auth::Verifier;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +29,7 @@ const GOODBYE: Duration = Duration::from_millis(200);
 
 /// What every session of one process shares.
 pub(crate) struct Shared {
-    pub keys: Keyring,
+    pub keys: Verifier,
     pub settings: EdgeSettings,
     pub bus: mpsc::Sender<Message>,
     pub registry: Registry,
@@ -482,7 +482,7 @@ mod tests {
             }
             .validate()
             .unwrap(),
-            keys: Keyring::parse("k1:0123456789abcdef").unwrap(),
+            keys: courier_auth::Verifier::new(courier_auth::Audience::Courier, []).unwrap(),
             stats: Default::default(),
         }
         .bind()

@@ -1,10 +1,7 @@
 //! Who may watch what, with no I/O: the CONNECT token and the SUBSCRIBE filters.
 
 use crate::events::Refusal;
-use courier_auth::{Keyring, TokenError};
-
-/// The scope of a tracking token.
-pub const TRACK_SCOPE: &str = "track";
+use courier_auth::{TokenError, Verifier};
 
 /// What a valid tracking token grants: one order, until `exp`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,20 +13,19 @@ pub struct Grant {
     pub exp: u64,
 }
 
-/// Checks the CONNECT password as a tracking token at `now` (unix seconds).
-pub fn check_token(keys: &Keyring, password: Option<&str>, now: u64) -> Result<Grant, Refusal> {
+/// Checks the CONNECT password as a tracking token at `now` (unix seconds). `keys` are the
+/// viewer audience's: a courier's device token or a trail token is refused as an unknown key.
+pub fn check_token(keys: &Verifier, password: Option<&str>, now: u64) -> Result<Grant, Refusal> {
     let token = password
         .filter(|p| !p.is_empty())
         .ok_or(Refusal::BadToken)?;
     let claims = keys.verify(token, now).map_err(|e| match e {
         TokenError::Expired => Refusal::ExpiredToken,
-        TokenError::Malformed | TokenError::UnknownKey | TokenError::BadSignature => {
-            Refusal::BadToken
-        }
+        TokenError::Malformed
+        | TokenError::UnknownKey
+        | TokenError::BadSignature
+        | TokenError::WrongAudience => Refusal::BadToken,
     })?;
-    if !claims.has_scope(TRACK_SCOPE) {
-        return Err(Refusal::BadToken);
-    }
     match claims.order {
         Some(order) if courier_wire::topic::valid_id(&order) => Ok(Grant {
             order,
@@ -49,16 +45,21 @@ pub fn filter_allowed(order: &str, filter: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use courier_auth::Claims;
+    use courier_auth::{Audience, Claims, SigningKey};
 
-    fn ring() -> Keyring {
-        Keyring::parse("k1:0123456789abcdef-one").unwrap()
+    fn signer() -> &'static SigningKey {
+        static KEY: std::sync::OnceLock<SigningKey> = std::sync::OnceLock::new();
+        KEY.get_or_init(|| SigningKey::generate(Audience::Viewer).unwrap())
     }
 
-    fn token(scope: &str, order: Option<&str>, exp: u64) -> String {
-        ring().sign(&Claims {
+    fn ring() -> Verifier {
+        Verifier::new(Audience::Viewer, [signer().public().clone()]).unwrap()
+    }
+
+    fn token(aud: Audience, order: Option<&str>, exp: u64) -> String {
+        signer().sign(&Claims {
+            aud,
             sub: "customer".into(),
-            scope: scope.into(),
             order: order.map(Into::into),
             iat: 100,
             exp,
@@ -67,7 +68,12 @@ mod tests {
 
     #[test]
     fn a_track_token_grants_its_order() {
-        let g = check_token(&ring(), Some(&token("track", Some("o1"), 200)), 150).unwrap();
+        let g = check_token(
+            &ring(),
+            Some(&token(Audience::Viewer, Some("o1"), 200)),
+            150,
+        )
+        .unwrap();
         assert_eq!(
             g,
             Grant {
@@ -84,33 +90,27 @@ mod tests {
         assert_eq!(check_token(&r, None, 150), Err(Refusal::BadToken));
         assert_eq!(check_token(&r, Some(""), 150), Err(Refusal::BadToken));
         assert_eq!(
-            check_token(&r, Some("v1.k1.x.y"), 150),
+            check_token(&r, Some("e30.e30.e30"), 150),
             Err(Refusal::BadToken)
         );
         assert_eq!(
-            check_token(&r, Some(&token("track", Some("o1"), 200)), 200),
+            check_token(&r, Some(&token(Audience::Viewer, Some("o1"), 200)), 200),
             Err(Refusal::ExpiredToken)
         );
         assert_eq!(
-            check_token(&r, Some(&token("trail:read", Some("o1"), 200)), 150),
+            check_token(&r, Some(&token(Audience::Trail, Some("o1"), 200)), 150),
             Err(Refusal::BadToken)
         );
         assert_eq!(
-            check_token(&r, Some(&token("track", None, 200)), 150),
+            check_token(&r, Some(&token(Audience::Viewer, None, 200)), 150),
             Err(Refusal::BadToken)
         );
         assert_eq!(
-            check_token(&r, Some(&token("track", Some("o/#"), 200)), 150),
+            check_token(&r, Some(&token(Audience::Viewer, Some("o/#"), 200)), 150),
             Err(Refusal::BadToken)
         );
-        let forger = Keyring::parse("k1:not-the-real-secret-at-all").unwrap();
-        let forged = forger.sign(&Claims {
-            sub: "x".into(),
-            scope: "track".into(),
-            order: Some("o1".into()),
-            iat: 1,
-            exp: 999,
-        });
+        let forger = SigningKey::generate(Audience::Viewer).unwrap();
+        let forged = forger.sign(&Claims::viewer("x", "o1", 1, 999));
         assert_eq!(check_token(&r, Some(&forged), 150), Err(Refusal::BadToken));
     }
 

@@ -9,7 +9,7 @@ use crate::events::Refusal;
 use crate::events::{Metrics, Stats};
 use crate::hub::Hub;
 use crate::session;
-use courier_auth::Keyring;
+use courier_auth::Verifier;
 use courier_wire::Keys;
 use edge::transport::Transport;
 use edge::{DoorRefusal, DoorSettings, PendingSlot, Via};
@@ -24,7 +24,8 @@ use tokio_util::sync::CancellationToken;
 /// What every session of one process shares.
 pub(crate) struct Gateway {
     pub hub: Arc<Hub>,
-    pub keyring: Keyring,
+    /// The viewer audience's public keys.
+    pub tokens: Verifier,
     pub redis: redis::aio::ConnectionManager,
     pub keys: Keys,
     pub config: FanoutConfig,

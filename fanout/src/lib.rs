@@ -31,7 +31,7 @@ pub use edge::transport::{PATH, SUBPROTOCOL};
 pub use error::FanoutError;
 pub use events::{Refusal, Stats};
 
-use courier_auth::Keyring;
+use courier_auth::{SigningKey, Verifier};
 use courier_wire::{Keys, MqttEndpoint};
 use hub::Hub;
 use std::net::SocketAddr;
@@ -48,8 +48,10 @@ pub struct Fanout {
     pub mqtt: MqttEndpoint,
     pub redis_url: String,
     pub keys: Keys,
-    /// Signs and checks tracking tokens (`AUTH_KEYS`).
-    pub keyring: Keyring,
+    /// Mints tracking tokens (`viewer.key`).
+    pub signer: SigningKey,
+    /// Checks them at the gateway (`viewer.pub` and the signer's own public key).
+    pub verifier: Verifier,
     /// Where the gateway listens (`WS_LISTEN`); gives the default `public_ws_url`.
     pub ws_listen: SocketAddr,
     /// Shared with whoever reports progress (tests, benchmarks).
@@ -97,7 +99,7 @@ impl Fanout {
         let api = Arc::new(orders::OrdersApi::new(
             redis.clone(),
             self.keys.clone(),
-            self.keyring.clone(),
+            self.signer,
             service_key,
             self.config.token_ttl,
             ws_url,
@@ -107,7 +109,7 @@ impl Fanout {
         ));
         let gateway = Arc::new(gateway::Gateway {
             hub,
-            keyring: self.keyring,
+            tokens: self.verifier,
             redis,
             keys: self.keys,
             config: self.config,

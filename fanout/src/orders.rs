@@ -10,7 +10,6 @@
 //!
 //! State lives in Redis (two Lua scripts), so every process answers alike.
 
-use crate::authz::TRACK_SCOPE;
 use crate::events::{order_event, Stats};
 use crate::hub::Hub;
 use crate::source::end_here;
@@ -20,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use bytes::Bytes;
-use courier_auth::{Claims, Keyring};
+use courier_auth::{Claims, SigningKey};
 use courier_wire::topic::valid_id;
 use courier_wire::Keys;
 use redis::Script;
@@ -35,7 +34,8 @@ const EVENT_LUA: &str = include_str!("event.lua");
 pub(crate) struct OrdersApi {
     pub redis: redis::aio::ConnectionManager,
     pub keys: Keys,
-    pub keyring: Keyring,
+    /// Mints tracking tokens (the viewer audience's private key).
+    pub signer: SigningKey,
     pub service_key: String,
     pub token_ttl: Duration,
     pub ws_url: String,
@@ -51,7 +51,7 @@ impl OrdersApi {
     pub(crate) fn new(
         redis: redis::aio::ConnectionManager,
         keys: Keys,
-        keyring: Keyring,
+        signer: SigningKey,
         service_key: String,
         token_ttl: Duration,
         ws_url: String,
@@ -62,7 +62,7 @@ impl OrdersApi {
         OrdersApi {
             redis,
             keys,
-            keyring,
+            signer,
             service_key,
             token_ttl,
             ws_url,
@@ -288,13 +288,9 @@ async fn token_inner(
     }
     let now = courier_wire::clock::unix_now() as u64;
     let exp = now + api.token_ttl.as_secs();
-    let token = api.keyring.sign(&Claims {
-        sub: viewer.into(),
-        scope: TRACK_SCOPE.into(),
-        order: Some(order.into()),
-        iat: now,
-        exp,
-    });
+    let token = api
+        .signer
+        .sign(&Claims::viewer(viewer, order, now, api.token_ttl.as_secs()));
     Ok(Json(json!({
         "token": token,
         "expires_at": exp,

@@ -58,7 +58,7 @@ pub(crate) async fn run<T: Transport>(
         )
         .await;
     }
-    let grant = match authz::check_token(&gw.keyring, password.as_deref(), unix_now() as u64) {
+    let grant = match authz::check_token(&gw.tokens, password.as_deref(), unix_now() as u64) {
         Ok(g) => g,
         Err(why) => return refuse(&gw, &mut ws, version, ConnectOutcome::NotAuthorized, why).await,
     };

@@ -7,7 +7,7 @@
 //!   --> PostgreSQL courier_points (one partition per UTC day of received_at)
 //! [orders] Redis courier:order --HGETALL each second--> the snapshot the source stamps from
 //! [upkeep] partitions for today + days_ahead; DROP of partitions past retention_days
-//! support tool --GET /couriers/{id}/trail + bearer token (trail:read) + reason--> [trail]
+//! support tool --GET /couriers/{id}/trail + trail token (audience trail) + reason--> [trail]
 //!   --> one transaction: read the points + INSERT trail_access_log
 //! ```
 //!
@@ -33,7 +33,7 @@ pub use config::HistoryConfig;
 pub use error::HistoryError;
 pub use events::{DropReason, Stats};
 pub use migrate::migrate;
-pub use trail::{Trail, TRAIL_SCOPE};
+pub use trail::Trail;
 
 use buffer::Bounded;
 use courier_wire::{Keys, MqttEndpoint, Validation};

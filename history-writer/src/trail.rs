@@ -1,7 +1,7 @@
 //! `GET /couriers/{id}/trail?from=&to=&reason=`: a courier's past trail for support staff.
 //!
-//! - A bearer token with the `trail:read` scope (signed by `courier_auth`): missing or bad
-//!   401, another scope 403.
+//! - A bearer JWT of the `trail` audience (`courier_auth`): missing, bad, or of another
+//!   audience (signed with another audience's key): one generic 401.
 //! - `from` and `to` are RFC 3339 UTC times (`2026-11-30T08:00:00Z`) or unix seconds, over the
 //!   server's receive time (`received_at`: the clock we trust, and the one the partitions and
 //!   the `(courier_id, received_at)` index are built on); `to` is exclusive. `reason` is
@@ -25,7 +25,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use courier_auth::Keyring;
+use courier_auth::Verifier;
 use courier_wire::metrics as m;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -34,8 +34,6 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::Semaphore;
 use tokio_postgres::Client;
 
-/// The scope a token needs to read trails.
-pub const TRAIL_SCOPE: &str = "trail:read";
 /// Longest accepted reason, characters.
 pub const MAX_REASON_CHARS: usize = 1000;
 
@@ -47,7 +45,8 @@ pub struct Trail {
 
 struct Inner {
     url: String,
-    keyring: Keyring,
+    /// The trail audience's public keys.
+    keys: Verifier,
     max_window: Duration,
     max_points: usize,
     clock: Clock,
@@ -133,11 +132,11 @@ const AUDIT_SQL: &str =
      VALUES ($1, $2, $3, $4, $5, $6)";
 
 impl Trail {
-    pub fn new(database_url: &str, keyring: Keyring, config: &HistoryConfig, clock: Clock) -> Self {
+    pub fn new(database_url: &str, keys: Verifier, config: &HistoryConfig, clock: Clock) -> Self {
         Trail {
             inner: Arc::new(Inner {
                 url: database_url.to_string(),
-                keyring,
+                keys,
                 max_window: config.trail_max_window,
                 max_points: config.trail_max_points,
                 clock,
@@ -280,22 +279,9 @@ async fn answer(
     let now = (trail.inner.clock)();
     let claims = trail
         .inner
-        .keyring
+        .keys
         .verify(token, now.max(0.0) as u64)
-        .map_err(|e| {
-            unauthorized(match e {
-                courier_auth::TokenError::Malformed => "malformed",
-                courier_auth::TokenError::UnknownKey => "unknown_key",
-                courier_auth::TokenError::BadSignature => "bad_signature",
-                courier_auth::TokenError::Expired => "expired",
-            })
-        })?;
-    if !claims.has_scope(TRAIL_SCOPE) {
-        return Err(Refusal::new(
-            StatusCode::FORBIDDEN,
-            format!("the token lacks the `{TRAIL_SCOPE}` scope"),
-        ));
-    }
+        .map_err(|e| unauthorized(e.label()))?;
 
     let Path(courier) = path.map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     if !courier_wire::topic::valid_id(&courier) {

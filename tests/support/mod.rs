@@ -180,11 +180,58 @@ fn start_mosquitto(addr: SocketAddr) -> TestBroker {
 
 // ---- the MQTT edge in front of a test bus (phones log in there) ----
 
-/// Development-only key of the test edges' device tokens.
-pub const TEST_EDGE_KEYS: &str = "e1:test-edge-device-token-key-0123456789";
+// ---- token keys ----
 
-pub fn test_edge_keyring() -> courier_auth::Keyring {
-    courier_auth::Keyring::parse(TEST_EDGE_KEYS).unwrap()
+/// A key directory (`AUTH_KEY_DIR`) with a fresh key pair of every audience, written once per
+/// test binary; child processes get it through [`with_test_keys`].
+pub fn test_key_dir() -> &'static std::path::Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = std::env::temp_dir().join(format!(
+            "courier-test-keys-{}-{}",
+            std::process::id(),
+            rand_suffix()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        for aud in courier_auth::Audience::ALL {
+            let k = courier_auth::SigningKey::generate(aud).unwrap();
+            std::fs::write(d.join(format!("{aud}.key")), k.to_pem()).unwrap();
+            std::fs::write(d.join(format!("{aud}.pub")), k.public().to_pem()).unwrap();
+        }
+        d
+    })
+}
+
+/// The test key directory, every private key read.
+pub fn test_keys() -> &'static courier_auth::KeySet {
+    static KEYS: OnceLock<courier_auth::KeySet> = OnceLock::new();
+    KEYS.get_or_init(|| {
+        courier_auth::KeySet::load(test_key_dir(), &courier_auth::Audience::ALL).unwrap()
+    })
+}
+
+/// A token of `claims`, signed with its audience's test key.
+pub fn sign(claims: &courier_auth::Claims) -> String {
+    test_keys().signer(claims.aud).unwrap().sign(claims)
+}
+
+/// The public keys of `aud` that the test processes accept.
+pub fn test_verifier(aud: courier_auth::Audience) -> courier_auth::Verifier {
+    test_keys().verifier(aud).unwrap().clone()
+}
+
+/// `courier-pipeline` with the test key directory (and the test service key) in its
+/// environment, and no AUTH_KEY_DIR / SERVICE_KEY inherited from `./dev`.
+pub fn with_test_keys(cmd: &mut Command) -> &mut Command {
+    cmd.env("AUTH_KEY_DIR", test_key_dir())
+        .env("SERVICE_KEY", TEST_SERVICE_KEY)
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.finish()
 }
 
 /// Edge settings for tests: a free port, no SO_REUSEPORT, and a rate bucket that no test's
@@ -203,7 +250,6 @@ pub struct TestEdge {
     /// The edge's TCP listener, without a login (see [`TestEdge::login`]).
     pub phones: MqttEndpoint,
     pub stats: Arc<edge::Stats>,
-    keys: courier_auth::Keyring,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), edge::EdgeError>>,
 }
@@ -212,8 +258,7 @@ impl TestEdge {
     /// A fresh device token of `courier` (10 minutes).
     pub fn device_token(&self, courier: &str) -> String {
         let now = courier_wire::clock::unix_now() as u64;
-        self.keys
-            .sign(&courier_auth::Claims::courier(courier, now, 600))
+        sign(&courier_auth::Claims::courier(courier, now, 600))
     }
 
     /// The edge as `courier`'s phone logs in: username = his id, password = his token.
@@ -239,7 +284,7 @@ pub async fn start_bus_with_edge(kind: BrokerKind) -> (TestBroker, TestEdge) {
     let stats = Arc::new(edge::Stats::default());
     let mut bound = edge::Edge {
         settings: test_edge_config().validate().unwrap(),
-        keys: test_edge_keyring(),
+        keys: test_verifier(courier_auth::Audience::Courier),
         stats: stats.clone(),
     }
     .bind()
@@ -278,7 +323,6 @@ pub async fn start_bus_with_edge(kind: BrokerKind) -> (TestBroker, TestEdge) {
     let edge = TestEdge {
         phones: MqttEndpoint::new("127.0.0.1", tcp.port()),
         stats,
-        keys: test_edge_keyring(),
         shutdown,
         task,
     };
@@ -830,13 +874,8 @@ pub async fn http_get(addr: SocketAddr, path: &str, bearer: Option<&str>) -> Htt
 
 // ---- fanout: orders API, viewer gateway, viewers ----
 
-/// Development-only keys of the fanout tests.
-pub const TEST_AUTH_KEYS: &str = "test:fanout-test-secret-0123456789";
+/// Development-only service key of the orders API in tests.
 pub const TEST_SERVICE_KEY: &str = "fanout-test-service-key-0123";
-
-pub fn test_keyring() -> courier_auth::Keyring {
-    courier_auth::Keyring::parse(TEST_AUTH_KEYS).unwrap()
-}
 
 pub struct RunningFanout {
     pub stats: Arc<fanout::Stats>,
@@ -878,7 +917,11 @@ pub async fn start_fanout(
         mqtt: broker.endpoint.clone(),
         redis_url: services().redis_url.clone(),
         keys,
-        keyring: test_keyring(),
+        signer: test_keys()
+            .signer(courier_auth::Audience::Viewer)
+            .unwrap()
+            .clone(),
+        verifier: test_verifier(courier_auth::Audience::Viewer),
         ws_listen: ws,
         stats: stats.clone(),
     }
@@ -1150,13 +1193,18 @@ pub async fn cleanup_all(keys: &Keys) {
         .unwrap();
 }
 
-/// Runs `courier-pipeline token <args>` with `AUTH_KEYS=keys` and returns the token it prints
-/// (the test fails, with the command's stderr, if it does not succeed).
-pub fn cli_token(args: &[&str], keys: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_courier-pipeline"))
+/// Runs `courier-pipeline token <args>` with the test key directory and returns the token it
+/// prints (the test fails, with the command's stderr, if it does not succeed).
+pub fn cli_token(args: &[&str]) -> String {
+    cli_token_with(test_key_dir(), args)
+}
+
+/// [`cli_token`] with another key directory.
+pub fn cli_token_with(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = with_test_keys(&mut Command::new(env!("CARGO_BIN_EXE_courier-pipeline")))
+        .env("AUTH_KEY_DIR", dir)
         .arg("token")
         .args(args)
-        .env("AUTH_KEYS", keys)
         .output()
         .unwrap();
     assert!(
