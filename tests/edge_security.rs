@@ -746,3 +746,91 @@ fn bare_edge(
     });
     (MqttEndpoint::new("127.0.0.1", addr.port()), stop, task)
 }
+
+/// The deployment split of docs/security.md as separate processes: a bus given `bus.pub` only,
+/// an edge given `courier.pub` only and a bus token in MQTT_TOKEN. Neither holds a private key,
+/// yet a phone's point reaches a worker on the bus; and the edge's directory mints nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_and_a_bus_without_private_keys_carry_a_phones_point() {
+    const BIN: &str = env!("CARGO_BIN_EXE_courier-pipeline");
+    let root = std::env::temp_dir().join(format!("split-{:x}", rand::random::<u64>()));
+    let only = |name: &str, files: &[&str]| {
+        let d = root.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        for f in files {
+            std::fs::copy(test_key_dir().join(f), d.join(f)).unwrap();
+        }
+        d
+    };
+    let (bus_dir, edge_dir) = (only("bus", &["bus.pub"]), only("edge", &["courier.pub"]));
+    let (bus, phones) = (free_addr(), free_addr());
+    let spawn = |args: &[&str], dir: &std::path::Path| {
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .env("AUTH_KEY_DIR", dir)
+            .env_remove("MQTT_TOKEN")
+            .env("MQTT_LISTEN", bus.to_string())
+            .env("EDGE_LISTEN", phones.to_string())
+            .env("METRICS_LISTEN", "off")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        c
+    };
+    let mut bus_proc = spawn(&["broker"], &bus_dir).spawn().unwrap();
+    let edge_token = sign(&Claims::bus("edge", now(), 600));
+    let mut edge_proc = spawn(&["edge"], &edge_dir)
+        .env("MQTT_URL", format!("mqtt://{bus}"))
+        .env("MQTT_TOKEN", &edge_token)
+        .spawn()
+        .unwrap();
+    let up = |a| std::net::TcpStream::connect(a).is_ok();
+    assert!(
+        wait_until(Duration::from_secs(20), || up(bus) && up(phones)).await,
+        "bus or edge did not listen"
+    );
+    let spy_login = login(
+        &MqttEndpoint::new("127.0.0.1", bus.port()),
+        "spy",
+        &sign(&Claims::bus("spy", now(), 600)),
+    );
+    let mut spy = subscriber(&spy_login, "couriers/+/loc").await;
+    let phone = login(
+        &MqttEndpoint::new("127.0.0.1", phones.port()),
+        "cs",
+        &device_token("cs", 600),
+    );
+    let (c, _h) = client(&phone, None).await;
+    // The edge may still be logging in to the bus: send until the point is seen.
+    let mut seen = None;
+    for seq in 1..=50 {
+        publish(
+            &c,
+            &loc_topic("cs"),
+            point("cs", 24.7, 46.7, now() as f64, seq),
+        )
+        .await;
+        if let Ok(Some(p)) = tokio::time::timeout(Duration::from_millis(200), spy.recv()).await {
+            seen = Some(p);
+            break;
+        }
+    }
+    assert_eq!(
+        seen.expect("the point never reached the bus").topic,
+        "couriers/cs/loc"
+    );
+    for p in [&mut bus_proc, &mut edge_proc] {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
+    // What an attacker who owns the edge's key directory can mint: nothing.
+    for aud in ["courier --id cs", "trail --actor x", "bus --role ingest"] {
+        let out = Command::new(BIN)
+            .arg("token")
+            .args(aud.split(' '))
+            .env("AUTH_KEY_DIR", &edge_dir)
+            .output()
+            .unwrap();
+        assert!(!out.status.success() && out.stdout.is_empty(), "{aud}");
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+}
