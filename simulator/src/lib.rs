@@ -242,6 +242,7 @@ impl Simulator {
                     let s = Second {
                         t: started.elapsed().as_secs_f64().round() as u64,
                         sent: sent - last_sent,
+                        waiting: stats.queued.load(Relaxed).saturating_sub(sent),
                         watcher_updates: upd - last_upd,
                         connections_up: stats.connections_up.load(Relaxed),
                         delay_p50_ms: h.quantile(0.5).map(|v| v as f64 / 1000.0),
@@ -277,7 +278,7 @@ impl Simulator {
             }
         };
 
-        let sent = stats.sent.load(Relaxed);
+        let (sent, queued) = (stats.sent.load(Relaxed), stats.queued.load(Relaxed));
         let (cpu_seconds, max_rss_kib) = report::own_usage();
         Ok(Report {
             couriers: cfg.couriers,
@@ -294,6 +295,8 @@ impl Simulator {
             seconds,
             sent,
             rate: sent as f64 / seconds.max(1e-9),
+            queued,
+            unsent: queued.saturating_sub(sent),
             status_sent: stats.status_sent.load(Relaxed),
             client_dropped: stats.client_dropped.load(Relaxed),
             connects: stats.connects.load(Relaxed),
@@ -386,7 +389,7 @@ async fn shard(
     let mut heap: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::with_capacity(phones.len());
     let mut out = Vec::new();
     let mut counts = Counts::default();
-    let (mut sent, mut status, mut dropped) = (0u64, 0u64, 0u64);
+    let (mut queued, mut status, mut dropped) = (0u64, 0u64, 0u64);
     for i in 0..phones.len() {
         if let Some(first) = phones[i].start(&cfg, &mut rng, &mut out) {
             heap.push(Reverse(((first * 1e9) as u64, i as u32)));
@@ -398,7 +401,7 @@ async fn shard(
             &topics,
             &mut conns,
             &opener,
-            &mut sent,
+            &mut queued,
             &mut status,
             &mut dropped,
         )
@@ -437,7 +440,7 @@ async fn shard(
                 &topics,
                 &mut conns,
                 &opener,
-                &mut sent,
+                &mut queued,
                 &mut status,
                 &mut dropped,
             )
@@ -447,7 +450,7 @@ async fn shard(
             }
         }
         if last_flush.elapsed() >= Duration::from_millis(100) {
-            flush(&stats, &mut counts, &mut sent, &mut status, &mut dropped);
+            flush(&stats, &mut counts, &mut queued, &mut status, &mut dropped);
             last_flush = Instant::now();
         }
         if stop.is_cancelled() {
@@ -455,7 +458,7 @@ async fn shard(
         }
         tokio::task::yield_now().await;
     }
-    flush(&stats, &mut counts, &mut sent, &mut status, &mut dropped);
+    flush(&stats, &mut counts, &mut queued, &mut status, &mut dropped);
     // Shift end: a clean DISCONNECT (no Will); a phone's own connection says `offline` first.
     match conns {
         Conns::Shared(link) => {
@@ -469,7 +472,7 @@ async fn shard(
                 let l = l?;
                 let _ =
                     l.client
-                        .try_publish(status_topic(&p.id), QoS::AtMostOnce, false, "offline");
+                        .try_publish(status_topic(&p.id), QoS::AtLeastOnce, false, "offline");
                 let _ = l.client.try_disconnect();
                 Some(l)
             })
@@ -480,11 +483,11 @@ async fn shard(
 fn flush(
     stats: &SimStats,
     counts: &mut Counts,
-    sent: &mut u64,
+    queued: &mut u64,
     status: &mut u64,
     dropped: &mut u64,
 ) {
-    stats.sent.fetch_add(std::mem::take(sent), Relaxed);
+    stats.queued.fetch_add(std::mem::take(queued), Relaxed);
     stats.status_sent.fetch_add(std::mem::take(status), Relaxed);
     stats
         .client_dropped
@@ -504,7 +507,7 @@ async fn apply(
     topics: &[String],
     conns: &mut Conns,
     opener: &Opener,
-    sent: &mut u64,
+    queued: &mut u64,
     status: &mut u64,
     dropped: &mut u64,
 ) -> bool {
@@ -520,7 +523,7 @@ async fn apply(
                     {
                         return false;
                     }
-                    *sent += 1;
+                    *queued += 1;
                 }
             }
             Conns::PerPhone(links) => match a {
@@ -530,9 +533,11 @@ async fn apply(
                 Action::Drop => links[i] = None,
                 Action::Online => {
                     if let Some(l) = &links[i] {
+                        // QoS 1: a status is rare and matters; and only points go at QoS 0, which
+                        // is how the link counts what it wrote (`SimStats::sent`).
                         match l.client.try_publish(
                             status_topic(&phones[i].id),
-                            QoS::AtMostOnce,
+                            QoS::AtLeastOnce,
                             false,
                             "online",
                         ) {
@@ -547,7 +552,7 @@ async fn apply(
                             .client
                             .try_publish(topics[i].clone(), QoS::AtMostOnce, false, p)
                         {
-                            Ok(()) => *sent += 1,
+                            Ok(()) => *queued += 1,
                             Err(_) => *dropped += 1,
                         }
                     }

@@ -114,6 +114,10 @@ async fn drive(
                 stats.connection_up();
             }
             Ok(Event::Outgoing(Outgoing::Disconnect)) => break,
+            // Points go at QoS 0 (packet id 0), statuses at QoS 1: this is a point written.
+            Ok(Event::Outgoing(Outgoing::Publish(0))) => {
+                stats.sent.fetch_add(1, Relaxed);
+            }
             Ok(_) => {}
             Err(e) => {
                 if up {

@@ -10,8 +10,14 @@ use std::sync::Mutex;
 /// Running totals, shared by the tasks of one simulator.
 #[derive(Debug, Default)]
 pub struct SimStats {
-    /// Points handed to an MQTT connection (live and flushed).
+    /// Points written to a connection (its event loop put them on the socket), live and
+    /// flushed: what the pipeline is answerable for. A point in a socket that then died is in
+    /// here and never reaches the broker: the fault ledgers show that gap.
     pub sent: AtomicU64,
+    /// Points handed to a connection's request queue. While a connection is down its queue
+    /// holds them (as a phone's app buffers) until it is up again; `queued - sent` are those
+    /// still waiting, or left behind when the run ended.
+    pub queued: AtomicU64,
     /// `online` status messages handed to a connection.
     pub status_sent: AtomicU64,
     /// Points a courier connection's request queue could not take (connection not keeping up).
@@ -119,6 +125,8 @@ impl Delay {
 pub struct Second {
     pub t: u64,
     pub sent: u64,
+    /// Points generated but not yet written (in queues of connections that are down or slow).
+    pub waiting: u64,
     pub watcher_updates: u64,
     pub connections_up: u64,
     pub delay_p50_ms: Option<f64>,
@@ -136,9 +144,10 @@ impl Second {
             .watched_via
             .map_or(String::new(), |v| format!(" (via {v})"));
         format!(
-            "sim: {:>4}s sent {:>7}/s | conns {:>6} | watchers {:>5} upd/s, delay p50 {} ms p99 {} ms{via}",
+            "sim: {:>4}s sent {:>7}/s | waiting {:>6} | conns {:>6} | watchers {:>5} upd/s, delay p50 {} ms p99 {} ms{via}",
             self.t,
             self.sent,
+            self.waiting,
             self.connections_up,
             self.watcher_updates,
             d(self.delay_p50_ms),
@@ -165,8 +174,12 @@ pub struct Report {
     pub orders_ended: usize,
     pub expected_rate: f64,
     pub seconds: f64,
+    /// Points written to a connection.
     pub sent: u64,
     pub rate: f64,
+    /// Points handed to a connection's queue; `unsent = queued - sent` never reached a socket.
+    pub queued: u64,
+    pub unsent: u64,
     pub status_sent: u64,
     pub client_dropped: u64,
     pub connects: u64,
@@ -188,8 +201,21 @@ impl Report {
     /// The summary line in the reference article's form.
     pub fn line(&self) -> String {
         format!(
-            "sim: {} couriers every {} -> expected {:.0} msg/s; sent {} in {:.1}s = {:.0} msg/s",
-            self.couriers, self.interval, self.expected_rate, self.sent, self.seconds, self.rate
+            "sim: {} couriers every {} -> expected {:.0} msg/s; sent {} in {:.1}s = {:.0} msg/s{}",
+            self.couriers,
+            self.interval,
+            self.expected_rate,
+            self.sent,
+            self.seconds,
+            self.rate,
+            if self.unsent > 0 {
+                format!(
+                    " ({} generated, never written: their connection was down)",
+                    self.unsent
+                )
+            } else {
+                String::new()
+            }
         )
     }
 }
@@ -223,6 +249,8 @@ mod tests {
             seconds: 31.0,
             sent: 15003,
             rate: 15003.0 / 31.0,
+            queued: 15003,
+            unsent: 0,
             status_sent: 0,
             client_dropped: 0,
             connects: 16,
@@ -246,6 +274,14 @@ mod tests {
             report().line(),
             "sim: 2000 couriers every 4s -> expected 500 msg/s; sent 15003 in 31.0s = 484 msg/s"
         );
+        let gap = Report {
+            queued: 15_500,
+            unsent: 497,
+            ..report()
+        };
+        assert!(gap
+            .line()
+            .ends_with("484 msg/s (497 generated, never written: their connection was down)"));
     }
 
     #[test]
@@ -253,6 +289,7 @@ mod tests {
         let mut s = Second {
             t: 3,
             sent: 10,
+            waiting: 4,
             watcher_updates: 2,
             connections_up: 1,
             delay_p50_ms: Some(1.25),
@@ -262,6 +299,11 @@ mod tests {
         assert!(
             s.line()
                 .ends_with("delay p50 1.2 ms p99 - ms (via gateway)"),
+            "{}",
+            s.line()
+        );
+        assert!(
+            s.line().contains("sent      10/s | waiting      4 |"),
             "{}",
             s.line()
         );
