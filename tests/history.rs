@@ -664,7 +664,8 @@ async fn a_trail_with_too_many_points_is_refused_not_loaded() {
     let mut admin = migrated(&s.url).await;
     let t = now();
     partitions::upkeep(&mut admin, t, 1, 30).await.unwrap();
-    let base = t - 600.0;
+    // Whole seconds: the query's times are written to the second (`rfc`).
+    let base = (t - 600.0).floor();
     let rows: Vec<_> = (1..=6)
         .map(|i| row("k1", i, base + i as f64, base + i as f64 + 0.5, None))
         .collect();
@@ -694,8 +695,8 @@ async fn a_trail_with_too_many_points_is_refused_not_loaded() {
         .unwrap()
         .get(0);
     assert_eq!(audited, 0, "a refused read left an audit row");
-    // Five points fit.
-    let r = http_get(addr, &q(base + 5.9), Some(&good)).await;
+    // Five points fit (received at base + 1.5 ... base + 5.5).
+    let r = http_get(addr, &q(base + 6.0), Some(&good)).await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["properties"]["count"], 5);
     s.drop().await;

@@ -59,8 +59,8 @@ pub(crate) async fn tracks(
                 Polled::Subscribed => {
                     stats.source_subscribed.fetch_add(1, Relaxed);
                 }
-                Polled::Failed => tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                Polled::Failed(wait) => tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
                     _ = stop.cancelled() => break,
                 },
                 Polled::Other => {}

@@ -123,8 +123,8 @@ pub(crate) async fn receive(
                 Polled::Subscribed => {
                     stats.subscriptions_acked.fetch_add(1, Relaxed);
                 }
-                Polled::Failed => tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                Polled::Failed(wait) => tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
                     _ = stop.cancelled() => break,
                 },
                 Polled::Other => {}

@@ -58,8 +58,8 @@ pub(crate) async fn receive(
                 Polled::Subscribed => {
                     stats.subscriptions_acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
-                Polled::Failed => tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                Polled::Failed(wait) => tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
                     _ = done.cancelled() => break,
                 },
                 Polled::Other => {}

@@ -191,7 +191,9 @@ async fn call_with_retry(
                 }
                 tracing::warn!(error = %e, "batch script failed; retrying");
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
+                // At most 250 ms between tries: once Redis is back, the live index must be whole
+                // again within one send interval (tests/faults.rs), not a second later.
+                backoff = (backoff * 2).min(Duration::from_millis(250));
             }
         }
     }

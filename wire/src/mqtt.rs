@@ -75,9 +75,9 @@ pub enum Polled {
     Publish(rumqttc::Publish),
     /// The broker granted a subscription (readiness, tests).
     Subscribed,
-    /// The connection failed: wait a moment before polling again (rumqttc reconnects on the
+    /// The connection failed: wait this long before polling again (rumqttc reconnects on the
     /// next poll).
-    Failed,
+    Failed(std::time::Duration),
     /// Nothing for the role.
     Other,
 }
@@ -85,11 +85,19 @@ pub enum Polled {
 /// The control side every subscribing role shares: subscribe on each CONNACK (sessions are
 /// clean, so after every reconnect), check SUBACKs, count connection changes and keep the
 /// role's readiness flag. The role keeps only what it does with a publish.
+const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(100);
+const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub struct Subscriber {
     role: &'static str,
     client: rumqttc::AsyncClient,
     filters: Vec<String>,
     stopping: bool,
+    /// The wait before the next connection attempt: 100 ms, doubling to 2 s, back to 100 ms
+    /// once connected. Short at first because after a broker restart the publishers come back
+    /// within a few hundred ms, and every point they send before this worker has subscribed
+    /// again is lost (QoS 0, no session survives the restart).
+    retry: std::cell::Cell<std::time::Duration>,
     connected: metrics::Counter,
     disconnected: metrics::Counter,
 }
@@ -102,6 +110,7 @@ impl Subscriber {
             client,
             filters,
             stopping: false,
+            retry: std::cell::Cell::new(RETRY_FIRST),
             connected: metrics::counter!(m::MQTT_CONNECTION_EVENTS, "state" => "connected"),
             disconnected: metrics::counter!(m::MQTT_CONNECTION_EVENTS, "state" => "disconnected"),
         }
@@ -122,6 +131,7 @@ impl Subscriber {
             Ok(Event::Incoming(Packet::Publish(p))) => Polled::Publish(p),
             Ok(Event::Incoming(Packet::ConnAck(_))) => {
                 self.connected.increment(1);
+                self.retry.set(RETRY_FIRST);
                 if !self.stopping {
                     tracing::info!(role = self.role, filters = ?self.filters, "mqtt connected; subscribing");
                     for f in &self.filters {
@@ -149,8 +159,10 @@ impl Subscriber {
             Err(e) => {
                 up.set(false);
                 self.disconnected.increment(1);
-                tracing::warn!(role = self.role, error = %e, "mqtt connection failed; retrying in 1s");
-                Polled::Failed
+                let wait = self.retry.get();
+                self.retry.set((wait * 2).min(RETRY_MAX));
+                tracing::warn!(role = self.role, error = %e, retry_in = ?wait, "mqtt connection failed; retrying");
+                Polled::Failed(wait)
             }
         }
     }

@@ -1,0 +1,331 @@
+//! Faults on real engines while the simulator sends, each followed by a ledger that accounts
+//! for every point: written by the simulator (`sent`, what reached a socket), judged by ingest
+//! (accepted + stale + invalid + errors), dropped by a counted bound, and unexplained. The
+//! short versions run in the suite; `./dev chaos` runs them longer and prints the ledgers.
+//!
+//! Knobs (for `./dev chaos`): FAULT_SECONDS (run length, 8), FAULT_RATE (points/s, 2000).
+
+mod support;
+
+use courier_wire::{Keys, MqttEndpoint};
+use ingest::{Ingest, Stats};
+use simulator::watchers::{Assigner, Viewer};
+use simulator::{Profile, SimConfig, SimStats, Simulator};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::*;
+use tokio_util::sync::CancellationToken;
+
+const BIN: &str = env!("CARGO_BIN_EXE_courier-pipeline");
+
+fn knob(name: &str, default: f64) -> f64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A load of `rate` points/s from couriers sending every second (a phone's usual interval)
+/// over two shared connections, for `seconds`.
+fn load(broker: &MqttEndpoint, keys: &Keys, rate: f64, seconds: f64) -> Simulator {
+    let couriers = rate as usize;
+    Simulator {
+        config: SimConfig {
+            couriers,
+            profile: Profile::Fixed {
+                interval: Duration::from_secs_f64(couriers as f64 / rate),
+            },
+            connections: Some(2),
+            duration: Some(Duration::from_secs_f64(seconds)),
+            id_prefix: format!("f{:06x}x", rand::random::<u32>() & 0xff_ffff),
+            ..Default::default()
+        },
+        mqtt: broker.clone(),
+        also: vec![],
+        assigner: Assigner::Redis {
+            url: services().redis_url.clone(),
+            keys: keys.clone(),
+        },
+        viewer: Viewer::Broker {
+            endpoint: broker.clone(),
+        },
+        stats: Arc::new(SimStats::default()),
+        courier_login: None,
+    }
+}
+
+/// The ledger of one fault, printed and returned for the test's checks.
+struct Ledger {
+    sent: u64,
+    never_written: u64,
+    accepted: u64,
+    stale: u64,
+    invalid: u64,
+    errors: u64,
+    queue_dropped: u64,
+    recovered_in: Option<Duration>,
+}
+
+impl Ledger {
+    fn of(fault: &str, sim: &SimStats, ingest: &Stats, recovered_in: Option<Duration>) -> Ledger {
+        let l = Ledger {
+            sent: sim.sent.load(Relaxed),
+            never_written: sim
+                .queued
+                .load(Relaxed)
+                .saturating_sub(sim.sent.load(Relaxed)),
+            accepted: ingest.accepted.load(Relaxed),
+            stale: ingest.stale.load(Relaxed),
+            invalid: ingest.invalid.load(Relaxed),
+            errors: ingest.errors.load(Relaxed),
+            queue_dropped: ingest.queue_dropped.load(Relaxed),
+            recovered_in,
+        };
+        println!(
+            "ledger [{fault}]: sent {} (never written {}) = accepted {} + stale {} + invalid {} + \
+             gave up (Redis) {} + queue dropped {} + unexplained {}; recovered in {}",
+            l.sent,
+            l.never_written,
+            l.accepted,
+            l.stale,
+            l.invalid,
+            l.errors,
+            l.queue_dropped,
+            l.unexplained(),
+            l.recovered_in
+                .map_or("-".into(), |d| format!("{:.2} s", d.as_secs_f64())),
+        );
+        l
+    }
+
+    fn unexplained(&self) -> i64 {
+        self.sent as i64
+            - (self.accepted + self.stale + self.invalid + self.errors + self.queue_dropped) as i64
+    }
+}
+
+/// `courier-pipeline broker` as its own process (anonymous: this test is about faults, not
+/// logins), listening on `addr`.
+fn broker_process(addr: SocketAddr) -> Child {
+    let child = Command::new(BIN)
+        .arg("broker")
+        .env_remove("MQTT_URL")
+        .env_remove("AUTH_KEY_DIR")
+        .env("MQTT_ALLOW_ANONYMOUS", "true")
+        .env("MQTT_LISTEN", addr.to_string())
+        .env("METRICS_LISTEN", "off")
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "broker did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// Waits until ingest has judged everything it will (no change for half a second).
+async fn settle(ingest: &Stats) {
+    let mut last = (u64::MAX, Instant::now());
+    while last.1.elapsed() < Duration::from_millis(500) {
+        let now = ingest.settled() + ingest.queue_dropped.load(Relaxed);
+        if now != last.0 {
+            last = (now, Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The bus broker is killed (SIGKILL) mid-run and started again on the same port 1 s later.
+/// Every role reconnects and resubscribes by itself; the points lost are those written while
+/// the broker was gone or before ingest had subscribed again (QoS 0, no session survives a
+/// broker restart), and only those: after the recovery nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restart_loses_only_the_gap_and_every_role_comes_back() {
+    let (seconds, rate) = (knob("FAULT_SECONDS", 8.0), knob("FAULT_RATE", 2000.0));
+    let addr = free_addr();
+    let mut broker = broker_process(addr);
+    let bus = TestBroker::external_view(MqttEndpoint::new("127.0.0.1", addr.port()));
+    let keys = Keys::with_prefix(&prefix());
+    let ingest = start_ingest(&bus, test_ingest_config(), keys.clone()).await;
+    let sim = load(&bus.endpoint, &keys, rate, seconds);
+    let sim_stats = sim.stats.clone();
+    let run = tokio::spawn(sim.run(CancellationToken::new(), |_| {}));
+
+    tokio::time::sleep(Duration::from_secs_f64(seconds / 4.0)).await;
+    let _ = broker.kill();
+    let _ = broker.wait();
+    let killed_at = sim_stats.sent.load(Relaxed);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut broker = broker_process(addr);
+    let restarted = Instant::now();
+    let acked = ingest.stats.subscriptions_acked.load(Relaxed);
+    let s = ingest.stats.clone();
+    assert!(
+        wait_until(Duration::from_secs(15), || s
+            .subscriptions_acked
+            .load(Relaxed)
+            > acked)
+        .await,
+        "ingest did not subscribe again"
+    );
+    let base = ingest.stats.settled();
+    assert!(
+        wait_until(Duration::from_secs(15), || s.settled() > base).await,
+        "no point accepted after the restart"
+    );
+    let recovered_in = restarted.elapsed();
+    // From here on nothing may be lost: compare what was written with what was judged over
+    // the rest of the run.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let steady_from = (sim_stats.sent.load(Relaxed), ingest.stats.settled());
+    let report = run.await.unwrap().unwrap();
+    settle(&ingest.stats).await;
+    let l = Ledger::of(
+        "broker restart",
+        &sim_stats,
+        &ingest.stats,
+        Some(recovered_in),
+    );
+
+    assert!(
+        report.connects >= 4,
+        "the simulator's two connections came back: {}",
+        report.connects
+    );
+    let steady_sent = l.sent - steady_from.0;
+    let steady_judged = ingest.stats.settled() - steady_from.1;
+    // Points in flight when the window opened are judged inside it: judged >= sent.
+    assert!(steady_sent > 0);
+    assert!(
+        steady_judged >= steady_sent,
+        "points lost after the recovery: {steady_judged} judged of {steady_sent} written"
+    );
+    // What is lost lies in the gap: written into the dying connection, or after the restart
+    // before ingest had subscribed again. Workers retry from 100 ms (the simulator from 250 ms),
+    // so that is a fraction of a second of traffic; with the old fixed 1 s retry it was two
+    // seconds' worth (4,013 of 16,000 points here).
+    // Around the restart a few points may also arrive twice (seen: up to 10 of 16,000): the
+    // seq rule judges the copy stale, so `unexplained` can go below zero by that much.
+    let gap_written = steady_from.0 - killed_at;
+    let lost = l.unexplained();
+    assert!(
+        (lost.unsigned_abs() as f64) <= rate * 0.25 && lost <= gap_written as i64,
+        "lost {lost}: more than a quarter second of traffic, or than the {gap_written} written in the gap"
+    );
+    assert_eq!(l.queue_dropped + l.errors, 0);
+    let _ = broker.kill();
+    let _ = broker.wait();
+    ingest.stop().await;
+    cleanup_all(&keys).await;
+}
+
+/// A Redis of its own, started on `port` with no persistence.
+fn redis_process(port: u16) -> Child {
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server (./dev installs it)");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "redis did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+async fn live_count(url: &str, keys: &Keys) -> Option<u64> {
+    let client = redis::Client::open(url).ok()?;
+    let mut c = client.get_multiplexed_async_connection().await.ok()?;
+    redis::cmd("ZCARD")
+        .arg(&keys.live)
+        .query_async(&mut c)
+        .await
+        .ok()
+}
+
+/// Redis is stopped for 3 s and comes back empty (no persistence). Ingest keeps the points
+/// (it retries each batch for `redis_retry_for`), needs no restart, and the live index is
+/// whole again soon after Redis returns; nothing is lost or unexplained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_empty_loses_nothing_and_the_live_index_comes_back() {
+    let (seconds, rate) = (knob("FAULT_SECONDS", 8.0), knob("FAULT_RATE", 2000.0));
+    let port = free_addr().port();
+    let url = format!("redis://127.0.0.1:{port}/");
+    let mut redis = redis_process(port);
+    let broker = start_broker(BrokerKind::Embedded);
+    let keys = Keys::with_prefix(&prefix());
+    let stats = Arc::new(Stats::default());
+    let stop = CancellationToken::new();
+    let ingest = tokio::spawn(
+        Ingest {
+            config: test_ingest_config(),
+            mqtt: broker.endpoint.clone(),
+            redis_url: url.clone(),
+            keys: keys.clone(),
+            stats: stats.clone(),
+        }
+        .run(stop.clone()),
+    );
+    let s = stats.clone();
+    assert!(
+        wait_until(Duration::from_secs(10), || s
+            .subscriptions_acked
+            .load(Relaxed)
+            >= 2)
+        .await,
+        "ingest did not subscribe"
+    );
+    let sim = load(&broker.endpoint, &keys, rate, seconds);
+    let couriers = sim.config.couriers as u64;
+    let interval = Duration::from_secs_f64(couriers as f64 / rate);
+    let sim_stats = sim.stats.clone();
+    let run = tokio::spawn(sim.run(CancellationToken::new(), |_| {}));
+
+    tokio::time::sleep(Duration::from_secs_f64(seconds / 4.0)).await;
+    assert_eq!(live_count(&url, &keys).await, Some(couriers));
+    let _ = redis.kill();
+    let _ = redis.wait();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut redis = redis_process(port);
+    let back = Instant::now();
+    while live_count(&url, &keys).await != Some(couriers) {
+        assert!(
+            back.elapsed() < Duration::from_secs(10),
+            "the live index is not whole 10 s after Redis returned"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let recovered_in = back.elapsed();
+    assert!(
+        recovered_in <= interval,
+        "the live index was whole {recovered_in:?} after Redis returned, more than one send interval ({interval:?})"
+    );
+    run.await.unwrap().unwrap();
+    settle(&stats).await;
+    let l = Ledger::of(
+        "redis restart (empty)",
+        &sim_stats,
+        &stats,
+        Some(recovered_in),
+    );
+    assert_eq!(l.unexplained(), 0, "points unaccounted for");
+    assert_eq!(l.errors + l.queue_dropped, 0, "points given up");
+    println!(
+        "redis restart: live index whole {:.2} s after Redis returned (send interval {:.2} s)",
+        recovered_in.as_secs_f64(),
+        interval.as_secs_f64()
+    );
+    stop_role("ingest", stop, ingest).await;
+    let _ = redis.kill();
+    let _ = redis.wait();
+}
