@@ -261,13 +261,13 @@ fn start_inner(
         .map_err(|e| BrokerError::Start(e.to_string()))?;
     // Ready once the address is taken. Probing by binding (not connecting) keeps rumqttd from
     // logging an aborted connection at every start.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(15);
     for &addr in &addrs {
         while TcpListener::bind(addr).is_ok() {
             if Instant::now() > deadline {
                 return Err(BrokerError::Listen {
                     addr,
-                    reason: "not accepting connections after 5s".into(),
+                    reason: "not accepting connections after 15s".into(),
                 });
             }
             std::thread::sleep(Duration::from_millis(10));

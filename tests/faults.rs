@@ -329,3 +329,89 @@ async fn redis_restarted_empty_loses_nothing_and_the_live_index_comes_back() {
     let _ = redis.kill();
     let _ = redis.wait();
 }
+
+/// An ingest worker of the `ingest` group, in this process (stopped as SIGTERM stops one:
+/// its shutdown token).
+async fn ingest_worker(
+    bus: &MqttEndpoint,
+    keys: &Keys,
+) -> (
+    Arc<Stats>,
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), ingest::IngestError>>,
+) {
+    let stats = Arc::new(Stats::default());
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(
+        Ingest {
+            config: test_ingest_config(),
+            mqtt: bus.clone(),
+            redis_url: services().redis_url.clone(),
+            keys: keys.clone(),
+            stats: stats.clone(),
+        }
+        .run(stop.clone()),
+    );
+    let s = stats.clone();
+    assert!(
+        wait_until(Duration::from_secs(10), || s
+            .subscriptions_acked
+            .load(Relaxed)
+            >= 2)
+        .await,
+        "ingest worker did not subscribe"
+    );
+    (stats, stop, task)
+}
+
+/// A rolling restart: one of two ingest workers of the group is stopped mid-run and a new one
+/// started 1 s later, while points flow. The group carries on: every point written is judged
+/// by one of the workers, none twice, none dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_an_ingest_worker_loses_nothing() {
+    let (seconds, rate) = (knob("FAULT_SECONDS", 8.0), knob("FAULT_RATE", 2000.0));
+    let broker = start_broker(BrokerKind::Embedded);
+    let keys = Keys::with_prefix(&prefix());
+    let (a, a_stop, a_task) = ingest_worker(&broker.endpoint, &keys).await;
+    let (b, b_stop, b_task) = ingest_worker(&broker.endpoint, &keys).await;
+    let sim = load(&broker.endpoint, &keys, rate, seconds);
+    let sim_stats = sim.stats.clone();
+    let run = tokio::spawn(sim.run(CancellationToken::new(), |_| {}));
+    tokio::time::sleep(Duration::from_secs_f64(seconds / 3.0)).await;
+    stop_role("ingest a", a_stop, a_task).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (c, c_stop, c_task) = ingest_worker(&broker.endpoint, &keys).await;
+    run.await.unwrap().unwrap();
+    for s in [&b, &c] {
+        settle(s).await;
+    }
+    // One ledger over the three workers' counters.
+    let all = Stats::default();
+    for s in [&a, &b, &c] {
+        for (sum, part) in [
+            (&all.accepted, &s.accepted),
+            (&all.stale, &s.stale),
+            (&all.invalid, &s.invalid),
+            (&all.errors, &s.errors),
+            (&all.queue_dropped, &s.queue_dropped),
+        ] {
+            sum.fetch_add(part.load(Relaxed), Relaxed);
+        }
+    }
+    let l = Ledger::of(
+        "rolling restart of an ingest worker",
+        &sim_stats,
+        &all,
+        None,
+    );
+    assert!(
+        a.settled() > 0 && c.settled() > 0,
+        "both the old and the new worker took points"
+    );
+    assert_eq!(l.unexplained(), 0, "points lost or judged twice");
+    assert_eq!(l.queue_dropped + l.errors, 0, "points dropped");
+    assert_eq!(l.stale, 0, "a point judged twice (stale) or out of order");
+    stop_role("ingest b", b_stop, b_task).await;
+    stop_role("ingest c", c_stop, c_task).await;
+    cleanup_all(&keys).await;
+}
