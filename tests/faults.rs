@@ -7,6 +7,9 @@
 //! FAULT_REDIS_DOWN (seconds Redis stays down, 3; past `ingest.redis_retry_for`, 5 s, ingest
 //! gives batches up and counts them, `gave up (Redis)` in the ledger).
 
+#[path = "../benches/common/mod.rs"]
+#[allow(dead_code)]
+mod common;
 mod support;
 
 use courier_wire::{Keys, MqttEndpoint};
@@ -522,6 +525,16 @@ struct RunPorts {
 }
 
 fn run_process(p: &RunPorts, conf: &std::path::Path, database_url: &str) -> Child {
+    run_on_bus(p, conf, database_url, None)
+}
+
+/// `run` against an external bus (`MQTT_URL`), or with its embedded one.
+fn run_on_bus(
+    p: &RunPorts,
+    conf: &std::path::Path,
+    database_url: &str,
+    bus: Option<&MqttEndpoint>,
+) -> Child {
     let mut cmd = Command::new(BIN);
     with_test_keys(&mut cmd)
         .args(["--config", conf.to_str().unwrap(), "run"])
@@ -536,6 +549,9 @@ fn run_process(p: &RunPorts, conf: &std::path::Path, database_url: &str) -> Chil
         .env("RUST_LOG", "error")
         .stdout(Stdio::null())
         .stderr(Stdio::null());
+    if let Some(b) = bus {
+        cmd.env("MQTT_URL", format!("mqtt://{}:{}", b.host, b.port));
+    }
     cmd.spawn().unwrap()
 }
 
@@ -665,6 +681,85 @@ async fn run_killed_under_load_comes_back_and_history_keeps_what_was_committed()
         .unwrap();
     let _ = run.kill();
     let _ = run.wait();
+    schema.drop().await;
+    cleanup_all(&keys).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Two nodes (two `run` processes) on one external bus (Mosquitto): the shared groups split the
+/// points between them, and nothing is counted twice: every point is accepted by exactly one
+/// node, every courier is once in the live index, every point is one row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_on_one_bus_split_the_load_and_count_nothing_twice() {
+    let (seconds, rate) = (knob("FAULT_SECONDS", 6.0), knob("FAULT_RATE", 2000.0));
+    let bus = start_broker(BrokerKind::Mosquitto);
+    let schema = pg_schema().await;
+    let prefix = prefix();
+    let keys = Keys::with_prefix(&prefix);
+    let dir = std::env::temp_dir().join(format!("nodes-{:x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("run.toml");
+    std::fs::write(
+        &conf,
+        format!("[redis]\nkey_prefix = \"{prefix}\"\n[history]\nbatch_max_age = \"100ms\"\n"),
+    )
+    .unwrap();
+    let node = || RunPorts {
+        bus: free_addr(),
+        edge: free_addr(),
+        metrics: free_addr(),
+        http: free_addr(),
+        ws: free_addr(),
+    };
+    let (n1, n2) = (node(), node());
+    let mut procs = vec![
+        run_on_bus(&n1, &conf, &schema.url, Some(&bus.endpoint)),
+        run_on_bus(&n2, &conf, &schema.url, Some(&bus.endpoint)),
+    ];
+    for n in [&n1, &n2] {
+        assert!(ready(n.metrics).await, "a node never got ready");
+    }
+    let sim = load(&bus.endpoint, &keys, rate, seconds);
+    let couriers = sim.config.couriers as u64;
+    let sim_stats = sim.stats.clone();
+    sim.run(CancellationToken::new(), |_| {}).await.unwrap();
+    let sent = sim_stats.sent.load(Relaxed);
+    let accepted = |n: &RunPorts| {
+        common::scrape(n.metrics)
+            .and_then(|t| common::metric(&t, "ingest_points_total", Some("result=\"accepted\"")))
+            .unwrap_or(0.0) as u64
+    };
+    let rows = || async {
+        pg_connect(&schema.url)
+            .await
+            .query_one("SELECT count(*) FROM courier_points", &[])
+            .await
+            .map(|r| r.get::<_, i64>(0) as u64)
+            .unwrap_or(0)
+    };
+    wait_until_async(Duration::from_secs(15), || async {
+        accepted(&n1) + accepted(&n2) >= sent && rows().await >= sent
+    })
+    .await;
+    let (a1, a2, rows) = (accepted(&n1), accepted(&n2), rows().await);
+    let mut r = redis().await;
+    let live: u64 = redis::cmd("ZCARD")
+        .arg(&keys.live)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    println!(
+        "ledger [two nodes on one bus]: sent {sent} = accepted {a1} (node 1) + {a2} (node 2); \
+         rows {rows}; live index {live} of {couriers} couriers"
+    );
+    for p in &mut procs {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
+    assert!(a1 > 0 && a2 > 0, "one node took no points: {a1} / {a2}");
+    assert_eq!(a1 + a2, sent, "points lost or accepted twice");
+    assert_eq!(rows, sent, "rows lost or written twice");
+    assert_eq!(live, couriers);
     schema.drop().await;
     cleanup_all(&keys).await;
     let _ = std::fs::remove_dir_all(dir);

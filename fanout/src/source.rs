@@ -63,7 +63,7 @@ pub(crate) async fn tracks(
                     _ = tokio::time::sleep(wait) => {}
                     _ = stop.cancelled() => break,
                 },
-                Polled::Other => {}
+                Polled::Other | Polled::Unsubscribed => {}
             }
         }
     }

@@ -127,7 +127,7 @@ pub(crate) async fn receive(
                     _ = tokio::time::sleep(wait) => {}
                     _ = stop.cancelled() => break,
                 },
-                Polled::Other => {}
+                Polled::Other | Polled::Unsubscribed => {}
             }
         }
     }

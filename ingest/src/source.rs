@@ -25,8 +25,13 @@ pub(crate) async fn receive(
     stop: CancellationToken,
     done: CancellationToken,
 ) {
+    let unsubscribes = filters.len();
     let mut sub = Subscriber::new("ingest", client, filters);
     let mut tx = Some(tx);
+    // After `stop`: the UNSUBACKs still awaited, and how long to wait for them. Points keep
+    // going into the queue until the broker has taken every UNSUBSCRIBE (it may route more
+    // to this worker until then: a rolling restart dropped them), then the queue closes.
+    let mut draining: Option<(usize, tokio::time::Instant)> = None;
     let mut received = 0u64;
     let mut dropped = 0u64;
     let mut flush = tokio::time::interval(Duration::from_millis(200));
@@ -34,9 +39,13 @@ pub(crate) async fn receive(
         tokio::select! {
             biased;
             _ = done.cancelled() => break,
-            _ = stop.cancelled(), if tx.is_some() => {
-                tx = None;
+            _ = stop.cancelled(), if draining.is_none() && tx.is_some() => {
                 sub.stop();
+                draining = Some((unsubscribes, tokio::time::Instant::now() + Duration::from_secs(1)));
+            }
+            _ = tokio::time::sleep_until(draining.map_or_else(tokio::time::Instant::now, |d| d.1)), if draining.is_some() && tx.is_some() => {
+                tracing::warn!("no UNSUBACK within 1 s of stopping; closing the queue");
+                tx = None;
             }
             _ = flush.tick() => {
                 metrics.received(&stats, received, dropped);
@@ -57,6 +66,14 @@ pub(crate) async fn receive(
                 }
                 Polled::Subscribed => {
                     stats.subscriptions_acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Polled::Unsubscribed => {
+                    if let Some((left, _)) = draining.as_mut() {
+                        *left = left.saturating_sub(1);
+                        if *left == 0 {
+                            tx = None;
+                        }
+                    }
                 }
                 Polled::Failed(wait) => tokio::select! {
                     _ = tokio::time::sleep(wait) => {}

@@ -78,6 +78,9 @@ pub enum Polled {
     /// The connection failed: wait this long before polling again (rumqttc reconnects on the
     /// next poll).
     Failed(std::time::Duration),
+    /// The broker took one of the UNSUBSCRIBEs of [`Subscriber::stop`]: nothing more will come
+    /// for that filter.
+    Unsubscribed,
     /// Nothing for the role.
     Other,
 }
@@ -155,6 +158,7 @@ impl Subscriber {
                     Polled::Subscribed
                 }
             }
+            Ok(Event::Incoming(Packet::UnsubAck(_))) => Polled::Unsubscribed,
             Ok(_) => Polled::Other,
             Err(e) => {
                 up.set(false);
