@@ -153,9 +153,25 @@ async fn settle(ingest: &Stats) {
 /// broker restart), and only those: after the recovery nothing is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_loses_only_the_gap_and_every_role_comes_back() {
+    broker_restart(BrokerKind::Embedded).await;
+}
+
+/// The same with Mosquitto as the bus.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mosquitto_restart_loses_only_the_gap_and_every_role_comes_back() {
+    broker_restart(BrokerKind::Mosquitto).await;
+}
+
+async fn broker_restart(kind: BrokerKind) {
     let (seconds, rate) = (knob("FAULT_SECONDS", 8.0), knob("FAULT_RATE", 2000.0));
     let addr = free_addr();
-    let mut broker = broker_process(addr);
+    let dir = std::env::temp_dir().join(format!("bus-{:x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let start = || match kind {
+        BrokerKind::Embedded => broker_process(addr),
+        BrokerKind::Mosquitto => mosquitto_child(addr, &dir),
+    };
+    let mut broker = start();
     let bus = TestBroker::external_view(MqttEndpoint::new("127.0.0.1", addr.port()));
     let keys = Keys::with_prefix(&prefix());
     let ingest = start_ingest(&bus, test_ingest_config(), keys.clone()).await;
@@ -168,7 +184,7 @@ async fn a_broker_restart_loses_only_the_gap_and_every_role_comes_back() {
     let _ = broker.wait();
     let killed_at = sim_stats.sent.load(Relaxed);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let mut broker = broker_process(addr);
+    let mut broker = start();
     let restarted = Instant::now();
     let acked = ingest.stats.subscriptions_acked.load(Relaxed);
     let s = ingest.stats.clone();
@@ -193,7 +209,7 @@ async fn a_broker_restart_loses_only_the_gap_and_every_role_comes_back() {
     let report = run.await.unwrap().unwrap();
     settle(&ingest.stats).await;
     let l = Ledger::of(
-        "broker restart",
+        &format!("{kind:?} bus restart"),
         &sim_stats,
         &ingest.stats,
         Some(recovered_in),
@@ -229,6 +245,7 @@ async fn a_broker_restart_loses_only_the_gap_and_every_role_comes_back() {
     let _ = broker.wait();
     ingest.stop().await;
     cleanup_all(&keys).await;
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A Redis of its own, started on `port` with no persistence.

@@ -143,10 +143,9 @@ fn embedded_config(addr: SocketAddr) -> rumqttd::Config {
     courier_pipeline::broker::load_config(None, addr).unwrap()
 }
 
-/// An anonymous Mosquitto child process on `addr`, once it accepts connections.
-fn start_mosquitto(addr: SocketAddr) -> TestBroker {
-    let dir = std::env::temp_dir().join(format!("mosq-{:x}", rand::random::<u64>()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// Starts an anonymous Mosquitto on `addr` (its configuration in `dir`) and waits until it
+/// accepts connections; the caller owns the process (kill it to inject a broker fault).
+pub fn mosquitto_child(addr: SocketAddr, dir: &std::path::Path) -> Child {
     let conf = dir.join("mosquitto.conf");
     std::fs::write(
         &conf,
@@ -171,6 +170,14 @@ fn start_mosquitto(addr: SocketAddr) -> TestBroker {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    child
+}
+
+/// An anonymous Mosquitto child process on `addr`, once it accepts connections.
+fn start_mosquitto(addr: SocketAddr) -> TestBroker {
+    let dir = std::env::temp_dir().join(format!("mosq-{:x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let child = mosquitto_child(addr, &dir);
     TestBroker {
         endpoint: MqttEndpoint::new("127.0.0.1", addr.port()),
         child: Some(child),
