@@ -781,3 +781,137 @@ async fn two_nodes_on_one_bus_split_the_load_and_count_nothing_twice() {
     cleanup_all(&keys).await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// After Redis comes back empty, the other readers of the live index work again with no
+/// restart of their own: the orders API assigns, the viewer gateway admits a viewer and
+/// forwards his courier's track, and dispatch (one connection, made before the fault) finds
+/// the courier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_and_dispatch_work_again_after_a_redis_restart() {
+    use rumqttc::QoS;
+    let port = free_addr().port();
+    let url = format!("redis://127.0.0.1:{port}/");
+    let mut redis = redis_process(port);
+    let broker = start_broker(BrokerKind::Embedded);
+    let keys = Keys::with_prefix(&prefix());
+    let stats = Arc::new(Stats::default());
+    let stop = CancellationToken::new();
+    let ingest = tokio::spawn(
+        Ingest {
+            config: test_ingest_config(),
+            mqtt: broker.endpoint.clone(),
+            redis_url: url.clone(),
+            keys: keys.clone(),
+            stats: stats.clone(),
+        }
+        .run(stop.clone()),
+    );
+    let s = stats.clone();
+    assert!(
+        wait_until(Duration::from_secs(10), || s
+            .subscriptions_acked
+            .load(Relaxed)
+            >= 2)
+        .await
+    );
+    let f = start_fanout_on(&broker, &url, keys.clone(), test_fanout_config()).await;
+    let d = dispatch::Dispatch::connect(&url, keys.clone())
+        .await
+        .unwrap();
+
+    let _ = redis.kill();
+    let _ = redis.wait();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut redis = redis_process(port);
+
+    let (phone, _h) = client(&broker.endpoint, None).await;
+    let at = (24.7136, 46.6753);
+    let mut seq = 0;
+    let mut send = || {
+        seq += 1;
+        let c = phone.clone();
+        async move {
+            publish(
+                &c,
+                &courier_wire::loc_topic("k1"),
+                point("k1", at.0, at.1, courier_wire::clock::unix_now(), seq),
+            )
+            .await
+        }
+    };
+    send().await;
+    assert!(
+        wait_until(Duration::from_secs(10), || s.accepted.load(Relaxed) >= 1).await,
+        "ingest accepted nothing after the restart"
+    );
+    // The orders API, on the Redis that came back.
+    let t0 = Instant::now();
+    let token = loop {
+        let a = api(&f, "/orders/o1/assign", r#"{"courier_id":"k1"}"#).await;
+        if a.status == 200 {
+            let t = api(&f, "/orders/o1/tracking-token", r#"{"viewer":"customer"}"#).await;
+            assert_eq!(t.status, 200, "{t:?}");
+            break t.body["token"].as_str().unwrap().to_string();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "orders API still failing: {a:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let (viewer, mut rx) = viewer_v4(f.ws, &token).await;
+    assert_eq!(
+        next_seen(&mut rx, Duration::from_secs(5)).await,
+        Some(Seen::Connected)
+    );
+    viewer.subscribe("track/o1", QoS::AtMostOnce).await.unwrap();
+    assert_eq!(
+        next_seen(&mut rx, Duration::from_secs(5)).await,
+        Some(Seen::SubAck(vec![true]))
+    );
+    // A live point of k1 reaches the viewer (the initial position may come first).
+    let mut got = false;
+    for _ in 0..20 {
+        send().await;
+        if let Some(Seen::Point { topic, .. }) =
+            next_seen(&mut rx, Duration::from_millis(500)).await
+        {
+            assert_eq!(topic, "track/o1");
+            got = true;
+            break;
+        }
+    }
+    assert!(got, "no track reached the viewer after the restart");
+    // Dispatch, on the connection it opened before the fault.
+    let t0 = Instant::now();
+    let found = loop {
+        match d
+            .nearest(
+                &dispatch::Query {
+                    count: 1,
+                    ..dispatch::Query::at(at.0, at.1)
+                },
+                courier_wire::clock::unix_now(),
+            )
+            .await
+        {
+            Ok(n) if !n.couriers.is_empty() => break n,
+            other => {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "dispatch did not recover: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    println!(
+        "redis restart: dispatch answered again {:.2} s after the first try",
+        t0.elapsed().as_secs_f64()
+    );
+    assert_eq!(found.couriers[0].id, "k1");
+    f.stop().await;
+    stop_role("ingest", stop, ingest).await;
+    let _ = redis.kill();
+    let _ = redis.wait();
+}

@@ -4,13 +4,15 @@
 use crate::query::{parse_reply, Nearest, Query, FETCH_MAX};
 use crate::DispatchError;
 use courier_wire::Keys;
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionManager;
+use std::time::Duration;
 
 /// Answers dispatch queries on one multiplexed connection (cheap to clone; queries from many
-/// tasks share it).
+/// tasks share it). A `ConnectionManager`: after Redis restarts, the next queries reconnect
+/// (a plain multiplexed connection answered "broken pipe" for good: tests/faults.rs).
 #[derive(Clone)]
 pub struct Dispatch {
-    conn: MultiplexedConnection,
+    conn: ConnectionManager,
     keys: Keys,
     script: redis::Script,
 }
@@ -18,13 +20,15 @@ pub struct Dispatch {
 impl Dispatch {
     /// Connects to Redis at `url`; `keys` names the live index.
     pub async fn connect(url: &str, keys: Keys) -> Result<Dispatch, DispatchError> {
-        let conn = redis::Client::open(url)?
-            .get_multiplexed_async_connection()
-            .await?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(2)))
+            .set_number_of_retries(2);
+        let conn = ConnectionManager::new_with_config(redis::Client::open(url)?, config).await?;
         Ok(Dispatch::new(conn, keys))
     }
 
-    pub fn new(conn: MultiplexedConnection, keys: Keys) -> Dispatch {
+    pub fn new(conn: ConnectionManager, keys: Keys) -> Dispatch {
         Dispatch {
             conn,
             keys,

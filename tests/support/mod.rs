@@ -915,6 +915,16 @@ pub async fn start_fanout(
     keys: Keys,
     config: fanout::FanoutConfig,
 ) -> RunningFanout {
+    start_fanout_on(broker, &services().redis_url, keys, config).await
+}
+
+/// [`start_fanout`] on another Redis.
+pub async fn start_fanout_on(
+    broker: &TestBroker,
+    redis_url: &str,
+    keys: Keys,
+    config: fanout::FanoutConfig,
+) -> RunningFanout {
     let http_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let ws_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (http, ws) = (http_l.local_addr().unwrap(), ws_l.local_addr().unwrap());
@@ -922,7 +932,7 @@ pub async fn start_fanout(
     let prepared = fanout::Fanout {
         config,
         mqtt: broker.endpoint.clone(),
-        redis_url: services().redis_url.clone(),
+        redis_url: redis_url.to_string(),
         keys,
         signer: test_keys()
             .signer(courier_auth::Audience::Viewer)
