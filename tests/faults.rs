@@ -250,9 +250,26 @@ async fn broker_restart(kind: BrokerKind) {
 
 /// A Redis of its own, started on `port` with no persistence.
 fn redis_process(port: u16) -> Child {
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no"])
+    redis_with(port, None)
+}
+
+/// A Redis on `port`; with `aof`, an append-only file in that directory, fsynced every
+/// second (the Redis default), read back at start.
+fn redis_with(port: u16, aof: Option<&std::path::Path>) -> Child {
+    let mut cmd = Command::new("redis-server");
+    cmd.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+    ]);
+    match aof {
+        Some(dir) => cmd.args(["--appendonly", "yes", "--dir", dir.to_str().unwrap()]),
+        None => cmd.args(["--appendonly", "no"]),
+    };
+    let child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -280,10 +297,24 @@ async fn live_count(url: &str, keys: &Keys) -> Option<u64> {
 /// whole again soon after Redis returns; nothing is lost or unexplained.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restarted_empty_loses_nothing_and_the_live_index_comes_back() {
+    redis_restart(false).await;
+}
+
+/// The same with an append-only file: Redis comes back with its state (the last second of
+/// writes may be missing), and the retried batches are judged against it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_with_aof_loses_nothing_and_the_live_index_comes_back() {
+    redis_restart(true).await;
+}
+
+async fn redis_restart(aof: bool) {
     let (seconds, rate) = (knob("FAULT_SECONDS", 8.0), knob("FAULT_RATE", 2000.0));
     let port = free_addr().port();
     let url = format!("redis://127.0.0.1:{port}/");
-    let mut redis = redis_process(port);
+    let dir = std::env::temp_dir().join(format!("aof-{:x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let aof_dir = aof.then_some(dir.as_path());
+    let mut redis = redis_with(port, aof_dir);
     let broker = start_broker(BrokerKind::Embedded);
     let keys = Keys::with_prefix(&prefix());
     let stats = Arc::new(Stats::default());
@@ -319,7 +350,7 @@ async fn redis_restarted_empty_loses_nothing_and_the_live_index_comes_back() {
     let _ = redis.kill();
     let _ = redis.wait();
     tokio::time::sleep(down).await;
-    let mut redis = redis_process(port);
+    let mut redis = redis_with(port, aof_dir);
     let back = Instant::now();
     while live_count(&url, &keys).await != Some(couriers) {
         assert!(
@@ -336,7 +367,11 @@ async fn redis_restarted_empty_loses_nothing_and_the_live_index_comes_back() {
     run.await.unwrap().unwrap();
     settle(&stats).await;
     let l = Ledger::of(
-        "redis restart (empty)",
+        if aof {
+            "redis restart (AOF)"
+        } else {
+            "redis restart (empty)"
+        },
         &sim_stats,
         &stats,
         Some(recovered_in),
@@ -353,6 +388,7 @@ async fn redis_restarted_empty_loses_nothing_and_the_live_index_comes_back() {
     stop_role("ingest", stop, ingest).await;
     let _ = redis.kill();
     let _ = redis.wait();
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// An ingest worker of the `ingest` group, in this process (stopped as SIGTERM stops one:
