@@ -56,6 +56,12 @@ pub struct HistoryConfig {
     /// Most points one trail answer holds (each in memory while it is built, four requests at
     /// once); a window with more gets 413 and the caller asks for a shorter one.
     pub trail_max_points: usize,
+    /// A persistent MQTT session: this writer's clients connect as `<session>-<n>` with
+    /// `clean_session = false` and keep their subscription when they stop, so the broker holds
+    /// what arrives while the writer restarts and hands it over when it is back (rumqttd from
+    /// its topic log; Mosquitto needs `queue_qos0_messages true`). One name per writer process;
+    /// unset: a fresh session each start (the restart window is lost at the broker).
+    pub session: Option<String>,
 }
 
 impl Default for HistoryConfig {
@@ -77,6 +83,7 @@ impl Default for HistoryConfig {
             trail_max_window: Duration::from_secs(24 * 3600),
             trail_connections: 4,
             trail_max_points: 100_000,
+            session: None,
         }
     }
 }
@@ -95,6 +102,13 @@ impl HistoryConfig {
                 "history.group {:?} must differ from ingest.group: one group shares its points out between its members",
                 self.group
             ));
+        }
+        if let Some(s) = &self.session {
+            if !courier_wire::topic::valid_id(s) {
+                return Err(format!(
+                    "history.session {s:?} must be 1-64 of [A-Za-z0-9._:-]"
+                ));
+            }
         }
         for (name, v) in [
             ("history.mqtt_clients", self.mqtt_clients),

@@ -171,6 +171,7 @@ impl HistoryWriter {
             tasks.spawn(source::receive(
                 n,
                 cfg.group.clone(),
+                cfg.session.clone(),
                 self.mqtt.clone(),
                 shared.clone(),
                 metrics.clone(),

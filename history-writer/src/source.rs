@@ -83,9 +83,11 @@ impl Intake {
 
 /// Runs one MQTT client until `stop`, then unsubscribes and disconnects; messages that arrive
 /// while it disconnects are taken too (written or counted, never lost silently).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn receive(
     n: usize,
     group: String,
+    session: Option<String>,
     endpoint: MqttEndpoint,
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
@@ -93,8 +95,12 @@ pub(crate) async fn receive(
     stop: CancellationToken,
 ) {
     let role = if group.is_empty() { "history" } else { &group };
-    let client_id = courier_wire::mqtt::client_id(role, n);
-    let options = courier_wire::mqtt::options(&endpoint, &client_id, 16);
+    let client_id = match &session {
+        Some(s) => format!("{s}-{n}"),
+        None => courier_wire::mqtt::client_id(role, n),
+    };
+    let mut options = courier_wire::mqtt::options(&endpoint, &client_id, 16);
+    options.set_clean_session(session.is_none());
     let (client, mut eventloop) = AsyncClient::new(options, 16);
     courier_wire::mqtt::no_delay(&mut eventloop);
     let mut sub = Subscriber::new("history", client, vec![topic::loc_filter(&group)]);
@@ -131,7 +137,10 @@ pub(crate) async fn receive(
             }
         }
     }
-    sub.stop();
+    // A persistent session keeps its subscription: the broker holds what comes meanwhile.
+    if session.is_none() {
+        sub.stop();
+    }
     let late = sub
         .disconnect(&mut eventloop, Duration::from_millis(500))
         .await;

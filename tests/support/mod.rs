@@ -150,7 +150,7 @@ pub fn mosquitto_child(addr: SocketAddr, dir: &std::path::Path) -> Child {
     std::fs::write(
         &conf,
         format!(
-            "listener {} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\nlog_type error\n",
+            "listener {} 127.0.0.1\nallow_anonymous true\npersistence false\nqueue_qos0_messages true\nlog_dest stderr\nlog_type error\n",
             addr.port()
         ),
     )
