@@ -169,7 +169,11 @@ fn run(
         let mut pipe = redis::pipe();
         for msgs in &batches {
             let plan = batch::plan(msgs, &limits, now);
-            assert_eq!(plan.entries.len(), msgs.len(), "the bench's points are valid");
+            assert_eq!(
+                plan.entries.len(),
+                msgs.len(),
+                "the bench's points are valid"
+            );
             // Every call its own record: a record id seen before returns the stored verdicts.
             let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let record = format!("{}{}-{n}", v.keys.batch_record, std::process::id());
@@ -293,10 +297,7 @@ fn main() {
     );
     for round in 1..=rounds {
         for (v, load) in variants.iter().zip(loads.iter_mut()) {
-            let _: () = redis::cmd("CONFIG")
-                .arg("RESETSTAT")
-                .query(&mut c)
-                .unwrap();
+            let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut c).unwrap();
             let cpu0 = redis_cpu(&mut c);
             run(&mut c, v, &v.sha, load, points, size);
             let cpu = redis_cpu(&mut c) - cpu0;

@@ -43,7 +43,9 @@ pub fn parse_reply(reply: &[redis::Value]) -> Vec<Verdict> {
                 panic!("v1 code {:?}", pair[0])
             };
             let order = match &pair[1] {
-                Value::BulkString(b) if !b.is_empty() => Some(String::from_utf8(b.clone()).unwrap()),
+                Value::BulkString(b) if !b.is_empty() => {
+                    Some(String::from_utf8(b.clone()).unwrap())
+                }
                 _ => None,
             };
             match code {

@@ -2,8 +2,8 @@
 //! so validation, the argument layout and reply parsing are tested without Redis.
 
 use crate::events::Tally;
-use bytes::Bytes;
 use crate::pack::Packer;
+use bytes::Bytes;
 use courier_wire::{decode_point, parse_courier_topic, CourierTopic, Invalid, Point, Validation};
 
 /// One MQTT message as the receive loop hands it on.
@@ -104,8 +104,8 @@ impl ScriptCall {
 
 /// The script's arguments after the keys: `now`, `reset_after` (strings), then one MessagePack
 /// array: per courier, in the order of his first entry, his id, how many entries he has, and
-/// per entry `seq, ts, lon, lat` (lon and lat as the strings GEOADD gets); an `offline` status
-/// is `false, false, false, false`.
+/// per entry `seq, ts, score`, where score is the location's GEO score ([`geo_score`], as a
+/// decimal string: ZADD takes it as it is); an `offline` status is `false, false, false`.
 pub fn script_call(plan: &Plan<'_>, now: f64, reset_after_secs: f64) -> ScriptCall {
     let entries = &plan.entries;
     fn id<'a>(e: &Entry<'a>) -> &'a str {
@@ -143,7 +143,7 @@ pub fn script_call(plan: &Plan<'_>, now: f64, reset_after_secs: f64) -> ScriptCa
 
     let mut f = ryu::Buffer::new();
     let mut p = Packer::with_capacity(16 + entries.len() * 72);
-    p.array(count.len() * 2 + entries.len() * 4);
+    p.array(count.len() * 2 + entries.len() * 3);
     for (c, n) in count.iter().enumerate() {
         let mine = &judged[start[c]..start[c + 1]];
         p.str(id(&entries[mine[0]]).as_bytes());
@@ -153,10 +153,9 @@ pub fn script_call(plan: &Plan<'_>, now: f64, reset_after_secs: f64) -> ScriptCa
                 Entry::Point { point, .. } => {
                     p.uint(point.seq);
                     p.f64(point.ts);
-                    p.str(f.format(point.lon).as_bytes());
-                    p.str(f.format(point.lat).as_bytes());
+                    p.str(geo_score(point.lon, point.lat).to_string().as_bytes());
                 }
-                Entry::Offline(_) => (0..4).for_each(|_| p.bool(false)),
+                Entry::Offline(_) => (0..3).for_each(|_| p.bool(false)),
             }
         }
     }
@@ -170,6 +169,30 @@ pub fn script_call(plan: &Plan<'_>, now: f64, reset_after_secs: f64) -> ScriptCa
         courier,
         couriers: count.len(),
     }
+}
+
+/// The score GEOADD gives a location in Redis (its 52-bit geohash, `geohashEncodeWGS84` with
+/// step 26, then `geohashAlign52Bits`), computed here so the script writes it with a plain ZADD.
+/// `lat` within +-85.05112878 and `lon` within +-180, as validation ensures.
+pub fn geo_score(lon: f64, lat: f64) -> u64 {
+    const LAT_MAX: f64 = 85.05112878;
+    const STEP: u32 = 26;
+    let lat_offset = (lat + LAT_MAX) / (2.0 * LAT_MAX) * (1u64 << STEP) as f64;
+    let lon_offset = (lon + 180.0) / 360.0 * (1u64 << STEP) as f64;
+    interleave(lat_offset as u32, lon_offset as u32)
+}
+
+/// Bits of `x` on the even positions, of `y` on the odd ones (geohash.c `interleave64`).
+fn interleave(x: u32, y: u32) -> u64 {
+    fn spread(v: u32) -> u64 {
+        let mut v = u64::from(v);
+        v = (v | (v << 16)) & 0x0000_FFFF_0000_FFFF;
+        v = (v | (v << 8)) & 0x00FF_00FF_00FF_00FF;
+        v = (v | (v << 4)) & 0x0F0F_0F0F_0F0F_0F0F;
+        v = (v | (v << 2)) & 0x3333_3333_3333_3333;
+        (v | (v << 1)) & 0x5555_5555_5555_5555
+    }
+    spread(x) | (spread(y) << 1)
 }
 
 /// The script's decision on one entry.
@@ -421,20 +444,26 @@ mod tests {
         assert_eq!(call.args.len(), 3);
         assert_eq!(call.args[0], b"1764460800.0");
         assert_eq!(call.args[1], b"30.0");
-        let point = |seq| [Mp::Uint(seq), Mp::F64(NOW - 1.0), s("46.6"), s("24.7")];
+        let score = geo_score(46.6, 24.7).to_string();
+        let point = |seq| [Mp::Uint(seq), Mp::F64(NOW - 1.0), s(&score)];
         let mut want = vec![s("c1"), Mp::Uint(3)];
         want.extend(point(7));
-        want.extend([Mp::False, Mp::False, Mp::False, Mp::False]);
+        want.extend([Mp::False, Mp::False, Mp::False]);
         want.extend(point(8));
         want.extend([s("c2"), Mp::Uint(1)]);
         want.extend(point(3));
         assert_eq!(read_array(&call.args[2]), want);
         assert_eq!(call.couriers(), 2);
         // The exact bytes of one point: the packed form is pinned, not only its meaning.
-        let one = script_call(&plan(&[good("c1", 7)], &Validation::default(), NOW), NOW, 30.0);
-        let mut bytes = vec![0x96, 0xa2, b'c', b'1', 1, 7, 0xcb];
+        let one = script_call(
+            &plan(&[good("c1", 7)], &Validation::default(), NOW),
+            NOW,
+            30.0,
+        );
+        let mut bytes = vec![0x95, 0xa2, b'c', b'1', 1, 7, 0xcb];
         bytes.extend_from_slice(&(NOW - 1.0).to_bits().to_be_bytes());
-        bytes.extend_from_slice(b"\xa446.6\xa424.7");
+        bytes.push(0xa0 | score.len() as u8);
+        bytes.extend_from_slice(score.as_bytes());
         assert_eq!(one.args[2], bytes);
     }
 
@@ -499,6 +528,19 @@ mod tests {
     }
 
     #[test]
+    fn geo_scores_are_those_of_redis() {
+        // ZSCORE after GEOADD in the Redis documentation's GEOADD example (Sicily).
+        assert_eq!(geo_score(13.361389, 38.115556), 3479099956230698);
+        assert_eq!(geo_score(15.087269, 37.502669), 3479447370796909);
+        // The corners of the GEO range, as GEOADD scores them on Redis 7.0.
+        assert_eq!(geo_score(-180.0, -85.05112878), 0);
+        assert_eq!(geo_score(180.0, 85.05112878), 3 << 52);
+        assert_eq!(interleave(0b11, 0), 0b0101);
+        assert_eq!(interleave(0, 0b11), 0b1010);
+        assert_eq!(interleave(u32::MAX, u32::MAX), u64::MAX);
+    }
+
+    #[test]
     fn seq_state_reads_both_forms() {
         let st = SeqState {
             seq: 42.0,
@@ -514,7 +556,13 @@ mod tests {
             SeqState::decode(b"42|1764460799.25|1764460000.5|1764460800.125"),
             Some(st)
         );
-        for bad in [&b""[..], b"42|1|2", b"42|1|2|3|4", b"x|1|2|3", &packed[..32]] {
+        for bad in [
+            &b""[..],
+            b"42|1|2",
+            b"42|1|2|3|4",
+            b"x|1|2|3",
+            &packed[..32],
+        ] {
             assert_eq!(SeqState::decode(bad), None, "{bad:?}");
         }
     }
@@ -553,12 +601,13 @@ mod tests {
                     prop_assert!(prev < Some(at));
                     prev = Some(at);
                     seen[at] = true;
-                    let f = &v[i + 2 + 4 * e..i + 6 + 4 * e];
+                    let f = &v[i + 2 + 3 * e..i + 5 + 3 * e];
                     match &p.entries[at] {
                         Entry::Point { point, .. } => {
                             prop_assert_eq!(point.id.as_bytes(), &id[..]);
                             prop_assert_eq!(&f[0], &Mp::Uint(point.seq));
                             prop_assert_eq!(&f[1], &Mp::F64(point.ts));
+                            prop_assert_eq!(&f[2], &s(&geo_score(point.lon, point.lat).to_string()));
                         }
                         Entry::Offline(o) => {
                             prop_assert_eq!(o.as_bytes(), &id[..]);
@@ -566,7 +615,7 @@ mod tests {
                         }
                     }
                 }
-                i += 2 + 4 * n as usize;
+                i += 2 + 3 * n as usize;
             }
             prop_assert_eq!(k, p.entries.len());
             prop_assert!(seen.iter().all(|s| *s));

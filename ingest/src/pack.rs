@@ -120,10 +120,7 @@ mod tests {
             packed(|p| p.uint(1 << 53)),
             [0xcf, 0, 0x20, 0, 0, 0, 0, 0, 0]
         );
-        assert_eq!(
-            packed(|p| p.f64(1.5)),
-            [0xcb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0]
-        );
+        assert_eq!(packed(|p| p.f64(1.5)), [0xcb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0]);
         assert_eq!(packed(|p| p.bool(false)), [0xc2]);
         assert_eq!(packed(|p| p.bool(true)), [0xc3]);
     }

@@ -10,8 +10,9 @@
 --       stale (its own seq) and no track sent.
 -- ARGV: 1 now (server unix seconds), 2 reset_after (seconds), 3 the batch, one MessagePack
 --       array (ingest/src/batch.rs, script_call): per courier, each once, in the order of his
---       first entry: id, n, then his n entries in batch order, four values each: seq, ts, lon,
---       lat (lon and lat as strings). An `offline` status is false, false, false, false: the
+--       first entry: id, n, then his n entries in batch order, three values each: seq, ts and
+--       the location's GEO score (as a string: the 52-bit geohash GEOADD would store, computed
+--       by ingest, so a plain ZADD writes it). An `offline` status is false, false, false: the
 --       courier leaves the live index at once.
 -- State per courier, packed: struct.pack('<Bdddd', 1, seq, phone_ts, epoch_ts, server_ts), where
 -- epoch_ts is the phone time of the first point since the last seq reset. The text form
@@ -24,7 +25,7 @@
 --   anything else                                   -> stale (older, duplicate, or a replay of
 --                                                      the epoch before a reset)
 -- A courier's entries are judged in turn, each against the state the one before left; only his
--- last accepted point reaches GEOADD/ZADD (an earlier one would be overwritten in the same
+-- last accepted point reaches live and seen (an earlier one would be overwritten in the same
 -- call), unless an `offline` after it removes him.
 -- Returns { codes, then courier, order for each courier with an accepted point and an order }:
 -- codes holds one character per entry in the order above ('0' stale, '1' accepted, '2' accepted
@@ -46,18 +47,18 @@ local i = 1
 while i <= len do
   ids[#ids + 1] = a[i]
   at[#at + 1] = i
-  i = i + 2 + 4 * a[i + 1]
+  i = i + 2 + 3 * a[i + 1]
 end
 local raws = redis.call('HMGET', seqs, unpack(ids))
 local carried = redis.call('HMGET', orders, unpack(ids))
 
 local pack, unpack_state, match, byte = struct.pack, struct.unpack, string.match, string.byte
 local codes, out = {}, { false }
-local geo, zs, hs, gone = {}, {}, {}, {}
+local geo, zs, hs, gone = {}, {}, {}, {} -- ZADD live, ZADD seen, HSET seq, ZREM both
 for c = 1, #ids do
   local id = ids[c]
   local j = at[c]
-  local last = j + 2 + 4 * a[j + 1]
+  local last = j + 2 + 3 * a[j + 1]
   -- The courier's state: have, seq, phone_ts, epoch_ts, server_ts.
   local have, seq, pts, ets, sts = false, 0, 0, 0, 0
   local raw = raws[c]
@@ -75,7 +76,7 @@ for c = 1, #ids do
     end
   end
   local changed, accepted, final = false, false, 0 -- final: 0 nothing, -1 offline, k the point
-  for k = j + 2, last - 1, 4 do
+  for k = j + 2, last - 1, 3 do
     local s = a[k]
     if s == false then
       codes[#codes + 1] = '3'
@@ -107,7 +108,6 @@ for c = 1, #ids do
   end
   if final > 0 then
     geo[#geo + 1] = a[final + 2]
-    geo[#geo + 1] = a[final + 3]
     geo[#geo + 1] = id
     zs[#zs + 1] = now_s
     zs[#zs + 1] = id
@@ -126,7 +126,7 @@ if #gone > 0 then
   redis.call('ZREM', seen, unpack(gone))
 end
 if #geo > 0 then
-  redis.call('GEOADD', live, unpack(geo))
+  redis.call('ZADD', live, unpack(geo))
   redis.call('ZADD', seen, unpack(zs))
 end
 if #hs > 0 then
