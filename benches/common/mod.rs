@@ -62,6 +62,23 @@ pub fn redis_cpu_seconds(url: &str) -> f64 {
         .sum()
 }
 
+/// Microseconds Redis has spent in `command` since its last CONFIG RESETSTAT (`INFO
+/// commandstats`: `cmdstat_<command>:calls=..,usec=..`), 0 when it never ran.
+pub fn redis_command_usec(url: &str, command: &str) -> f64 {
+    let out = Command::new("redis-cli")
+        .args(["-u", url, "INFO", "commandstats"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let prefix = format!("cmdstat_{command}:");
+    out.lines()
+        .filter_map(|l| l.trim().strip_prefix(prefix.as_str()))
+        .flat_map(|rest| rest.split(','))
+        .filter_map(|kv| kv.strip_prefix("usec="))
+        .filter_map(|v| v.parse::<f64>().ok())
+        .sum()
+}
+
 /// CPU seconds of every process named `comm` (PostgreSQL's server and backends), counting the
 /// children they reaped too: backends and autovacuum workers come and go, and an exited one's CPU
 /// moves to its parent's cutime/cstime instead of vanishing from the sum.

@@ -6,14 +6,17 @@
 //!
 //! Per round and variant it prints Redis's own CPU per point (`INFO cpu`) and, from `INFO
 //! commandstats` (reset before each round), the EVALSHA time per point and the part of it spent
-//! in each command the script calls; `lua` is EVALSHA minus those: the script's own work.
+//! in each command the script calls; `lua` is EVALSHA minus those: the script's own work;
+//! `points/s` is the rate of the round (this process builds the batches meanwhile, on the same
+//! machine: a floor of what Redis takes).
 //!
 //! Run: `REDIS_URL=redis://127.0.0.1:6379/ cargo bench -p ingest --bench script`.
 //! Env: SCRIPT_BENCH_COURIERS (120000), SCRIPT_BENCH_BATCH (256 points per call),
 //! SCRIPT_BENCH_POINTS (points per round and variant, 300000), SCRIPT_BENCH_ROUNDS (3),
 //! SCRIPT_BENCH_ORDERS (share of couriers carrying an order, 0.01), SCRIPT_BENCH_VARIANTS
 //! (comma-separated, default `v1,current`), SCRIPT_BENCH_EXTRA (`name=file.lua:v1|current,...`:
-//! more scripts to time, e.g. truncated copies of a script to profile its parts).
+//! more scripts to time, e.g. truncated copies of a script to profile its parts; layout
+//! `fcall`: a Redis Function library registering `batch`, called with FCALL).
 //!
 //! `v1` is the script before the packed layout (`benches/v1.rs`: five ARGV strings per point,
 //! state as text); `current` is `src/script.lua` with `batch::script_call`.
@@ -36,6 +39,9 @@ const INNER: [&str; 7] = ["hmget", "geoadd", "zadd", "hset", "set", "get", "zrem
 enum Layout {
     V1,
     Current,
+    /// The current layout, the script loaded as a Redis Function (`FUNCTION LOAD`; the file
+    /// registers a function named `batch`) and called with FCALL.
+    Function,
 }
 
 struct Variant {
@@ -65,7 +71,7 @@ fn unix_now() -> f64 {
 fn args_for(layout: Layout, plan: &Plan<'_>, now: f64) -> Vec<Vec<u8>> {
     match layout {
         Layout::V1 => v1::args(plan, now, 30.0),
-        Layout::Current => batch::script_call(plan, now, 30.0).args,
+        Layout::Current | Layout::Function => batch::script_call(plan, now, 30.0).args,
     }
 }
 
@@ -178,9 +184,12 @@ fn run(
             let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let record = format!("{}{}-{n}", v.keys.batch_record, std::process::id());
             let k = &v.keys;
-            pipe.cmd("EVALSHA")
-                .arg(sha)
-                .arg(5)
+            let call = if v.layout == Layout::Function && sha == v.sha {
+                pipe.cmd("FCALL").arg("batch")
+            } else {
+                pipe.cmd("EVALSHA").arg(sha)
+            };
+            call.arg(5)
                 .arg(&k.live)
                 .arg(&k.seen)
                 .arg(&k.order)
@@ -215,18 +224,27 @@ fn main() {
     let pid = std::process::id();
     let mut variants: Vec<Variant> = Vec::new();
     let mut add = |name: &str, lua: String, layout: Layout| {
-        let mut load = |code: &str| -> String {
-            redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(code)
-                .query(&mut c)
-                .unwrap()
+        let load = |c: &mut redis::Connection, code: &str| -> String {
+            redis::cmd("SCRIPT").arg("LOAD").arg(code).query(c).unwrap()
         };
-        let sha = load(&lua);
-        let warm_sha = load(match layout {
-            Layout::V1 => V1_LUA,
-            Layout::Current => CURRENT_LUA,
-        });
+        let sha = if layout == Layout::Function {
+            let _: String = redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg("REPLACE")
+                .arg(&lua)
+                .query(&mut c)
+                .unwrap();
+            "fcall".to_string()
+        } else {
+            load(&mut c, &lua)
+        };
+        let warm_sha = load(
+            &mut c,
+            match layout {
+                Layout::V1 => V1_LUA,
+                Layout::Current | Layout::Function => CURRENT_LUA,
+            },
+        );
         variants.push(Variant {
             warm_sha,
             name: name.to_string(),
@@ -249,6 +267,7 @@ fn main() {
         let layout = match layout {
             "v1" => Layout::V1,
             "current" => Layout::Current,
+            "fcall" => Layout::Function,
             l => panic!("unknown layout {l}"),
         };
         add(name, std::fs::read_to_string(file).unwrap(), layout);
@@ -287,33 +306,41 @@ fn main() {
     );
     let head: Vec<String> = INNER.iter().map(|s| format!("{s:>7}")).collect();
     println!(
-        "{:>5} {:>10} {:>9} {:>8} {} {:>7}",
+        "{:>5} {:>10} {:>9} {:>8} {} {:>7} {:>9}",
         "round",
         "variant",
         "redis_cpu",
         "evalsha",
         head.join(" "),
-        "lua"
+        "lua",
+        "points/s"
     );
     for round in 1..=rounds {
         for (v, load) in variants.iter().zip(loads.iter_mut()) {
             let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut c).unwrap();
             let cpu0 = redis_cpu(&mut c);
+            let t = Instant::now();
             run(&mut c, v, &v.sha, load, points, size);
+            let rate = points as f64 / t.elapsed().as_secs_f64();
             let cpu = redis_cpu(&mut c) - cpu0;
             let usec = command_usec(&mut c);
             let per = |name: &str| usec.get(name).copied().unwrap_or(0.0) / points as f64;
             let inner: Vec<f64> = INNER.iter().map(|n| per(n)).collect();
-            let eval = per("evalsha");
+            let eval = per(if v.layout == Layout::Function {
+                "fcall"
+            } else {
+                "evalsha"
+            });
             let cols: Vec<String> = inner.iter().map(|u| format!("{u:>7.3}")).collect();
             println!(
-                "{:>5} {:>10} {:>9.3} {:>8.3} {} {:>7.3}",
+                "{:>5} {:>10} {:>9.3} {:>8.3} {} {:>7.3} {:>9.0}",
                 round,
                 v.name,
                 cpu * 1e6 / points as f64,
                 eval,
                 cols.join(" "),
-                eval - inner.iter().sum::<f64>()
+                eval - inner.iter().sum::<f64>(),
+                rate
             );
         }
     }

@@ -42,20 +42,22 @@ local a = cmsgpack.unpack(ARGV[3])
 local len = #a
 
 -- Every courier's state and order in two calls for the whole batch.
-local ids, at = {}, {}
+local ids, at, nc = {}, {}, 0
 local i = 1
 while i <= len do
-  ids[#ids + 1] = a[i]
-  at[#at + 1] = i
+  nc = nc + 1
+  ids[nc] = a[i]
+  at[nc] = i
   i = i + 2 + 3 * a[i + 1]
 end
 local raws = redis.call('HMGET', seqs, unpack(ids))
 local carried = redis.call('HMGET', orders, unpack(ids))
 
 local pack, unpack_state, match, byte = struct.pack, struct.unpack, string.match, string.byte
-local codes, out = {}, { false }
+local codes, out, ncodes, nout = {}, { false }, 0, 1
 local geo, zs, hs, gone = {}, {}, {}, {} -- ZADD live, ZADD seen, HSET seq, ZREM both
-for c = 1, #ids do
+local ngeo, nhs, ngone = 0, 0, 0
+for c = 1, nc do
   local id = ids[c]
   local j = at[c]
   local last = j + 2 + 3 * a[j + 1]
@@ -79,7 +81,8 @@ for c = 1, #ids do
   for k = j + 2, last - 1, 3 do
     local s = a[k]
     if s == false then
-      codes[#codes + 1] = '3'
+      ncodes = ncodes + 1
+      codes[ncodes] = '3'
       final = -1
     else
       local p = a[k + 1]
@@ -96,40 +99,45 @@ for c = 1, #ids do
       if code then
         have, seq, pts, sts = true, s, p, now
         changed, accepted, final = true, true, k
-        codes[#codes + 1] = code
       else
-        codes[#codes + 1] = '0'
+        code = '0'
       end
+      ncodes = ncodes + 1
+      codes[ncodes] = code
     end
   end
   if changed then
-    hs[#hs + 1] = id
-    hs[#hs + 1] = pack('<Bdddd', 1, seq, pts, ets, now)
+    hs[nhs + 1] = id
+    hs[nhs + 2] = pack('<Bdddd', 1, seq, pts, ets, now)
+    nhs = nhs + 2
   end
   if final > 0 then
-    geo[#geo + 1] = a[final + 2]
-    geo[#geo + 1] = id
-    zs[#zs + 1] = now_s
-    zs[#zs + 1] = id
+    geo[ngeo + 1] = a[final + 2]
+    geo[ngeo + 2] = id
+    zs[ngeo + 1] = now_s
+    zs[ngeo + 2] = id
+    ngeo = ngeo + 2
   elseif final < 0 then
-    gone[#gone + 1] = id
+    ngone = ngone + 1
+    gone[ngone] = id
   end
   local order = carried[c]
   if accepted and order and order ~= '' then
-    out[#out + 1] = c
-    out[#out + 1] = order
+    out[nout + 1] = c
+    out[nout + 2] = order
+    nout = nout + 2
   end
 end
 
-if #gone > 0 then
+if ngone > 0 then
   redis.call('ZREM', live, unpack(gone))
   redis.call('ZREM', seen, unpack(gone))
 end
-if #geo > 0 then
+if ngeo > 0 then
   redis.call('ZADD', live, unpack(geo))
   redis.call('ZADD', seen, unpack(zs))
 end
-if #hs > 0 then
+if nhs > 0 then
   redis.call('HSET', seqs, unpack(hs))
 end
 out[1] = table.concat(codes)
