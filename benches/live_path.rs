@@ -5,7 +5,8 @@
 //! the rest is the broker dropping silently), ingest CPU µs per point, Redis CPU µs per point
 //! (`INFO cpu`), of which the batch script's own time (`INFO commandstats`, EVALSHA's usec;
 //! the rest is Redis reading requests and writing replies, its event loop and the sweeps), the
-//! mean batch size and ingest RSS.
+//! mean batch size, ingest RSS, and the broker's and the simulator's CPU µs per point sent (so
+//! a row shows where the machine's cores went).
 //!
 //! Run: `./dev bench` (or `cargo bench --bench live_path` with REDIS_URL set).
 //! Env: BENCH_RATES (msg/s, comma-separated; default 10000,20000,40000,60000,80000),
@@ -151,10 +152,11 @@ fn main() {
     );
     wait_ready(ingest_metrics);
     let ipid = ingest.0.id();
+    let bpid = broker.0.id();
 
     println!("live path: embedded rumqttd (own process) -> {workers} ingest worker(s) (one process: {ingest_bin}) -> Redis; simulator as load; {seconds} s per rate");
     println!(
-        "{:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>7} {:>8} {:>8} {:>10} {:>10} {:>10} {:>7} {:>9} {:>9}",
+        "{:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>7} {:>8} {:>8} {:>10} {:>10} {:>10} {:>7} {:>9} {:>9} {:>9} {:>9}",
         "rate/s",
         "sent",
         "received",
@@ -169,7 +171,9 @@ fn main() {
         "script_us/pt",
         "batch",
         "rss_MiB",
-        "peak_MiB"
+        "peak_MiB",
+        "broker_us",
+        "sim_us"
     );
     for rate in rates {
         let couriers = (rate * 2).clamp(1000, 200_000); // every courier sends every 2 s
@@ -182,6 +186,8 @@ fn main() {
         let qdrop0 = metric(&before, "ingest_queue_dropped_total", "");
         let bsum0 = metric(&before, "ingest_batch_size_sum", "");
         let cpu0 = common::cpu_seconds(ipid);
+        let broker_cpu0 = common::cpu_seconds(bpid);
+        let sim_cpu0 = common::reaped_children_cpu_seconds();
         let redis0 = common::redis_cpu_seconds(&redis_url);
         let script0 = common::redis_command_usec(&redis_url, "evalsha");
         let calls0 = metric(&before, "ingest_batch_size_count", "");
@@ -224,6 +230,8 @@ fn main() {
             last = now;
         }
         let cpu = common::cpu_seconds(ipid) - cpu0;
+        let broker_cpu = common::cpu_seconds(bpid) - broker_cpu0;
+        let sim_cpu = common::reaped_children_cpu_seconds() - sim_cpu0;
         let redis_cpu = common::redis_cpu_seconds(&redis_url) - redis0;
         let script_us = common::redis_command_usec(&redis_url, "evalsha") - script0;
         let received = metric(&text, "ingest_messages_received_total", "") - rx0;
@@ -238,7 +246,7 @@ fn main() {
         let batch = (metric(&text, "ingest_batch_size_sum", "") - bsum0)
             / (metric(&text, "ingest_batch_size_count", "") - calls0).max(1.0);
         println!(
-            "{:>9} {:>9.0} {:>9.0} {:>9.0} {:>6.0} {:>9.0} {:>6.2}% {:>8.0} {:>8.0} {:>10.2} {:>10.2} {:>10.2} {:>7.0} {:>9.1} {:>9.1}",
+            "{:>9} {:>9.0} {:>9.0} {:>9.0} {:>6.0} {:>9.0} {:>6.2}% {:>8.0} {:>8.0} {:>10.2} {:>10.2} {:>10.2} {:>7.0} {:>9.1} {:>9.1} {:>9.2} {:>9.2}",
             rate,
             sent,
             received,
@@ -254,6 +262,8 @@ fn main() {
             batch,
             common::status_kib(ipid, "VmRSS:") as f64 / 1024.0,
             common::status_kib(ipid, "VmHWM:") as f64 / 1024.0,
+            broker_cpu * 1e6 / sent.max(1.0),
+            sim_cpu * 1e6 / sent.max(1.0),
         );
     }
     drop(ingest);

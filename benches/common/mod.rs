@@ -13,6 +13,12 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     stat_ticks(pid, 11..13) / clock_ticks()
 }
 
+/// CPU seconds of this process's children that have exited and been waited for (the simulator
+/// runs of a benchmark; also its short `redis-cli` calls).
+pub fn reaped_children_cpu_seconds() -> f64 {
+    stat_ticks(std::process::id(), 13..15) / clock_ticks()
+}
+
 /// The sum of `/proc/<pid>/stat` fields `fields`, counted after the command name (which may hold
 /// spaces): 11 utime, 12 stime, 13 cutime, 14 cstime.
 fn stat_ticks(pid: u32, fields: std::ops::Range<usize>) -> f64 {

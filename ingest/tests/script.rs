@@ -479,6 +479,35 @@ fn text_state_of_the_previous_version_is_read() {
     cleanup(&mut c, &k);
 }
 
+/// What docs/rules.md says of a mixed window or a downgrade: v1 reads a packed state as none
+/// (the courier's next point is accepted as a new epoch, once) and then writes its text, which
+/// the current script reads again.
+#[test]
+fn v1_reads_packed_state_as_none() {
+    let mut c = conn();
+    let k = keys();
+    let t = NOW - 100.0;
+    let yes = Verdict::Accepted {
+        reset: false,
+        order: None,
+    };
+    assert_eq!(
+        run_current(&mut c, &k, &[point("d", 5, t)], NOW),
+        vec![yes.clone()]
+    );
+    assert_eq!(
+        run_v1(&mut c, &k, &[point("d", 3, t - 1.0)], NOW + 1.0),
+        vec![yes]
+    );
+    let (_, _, st) = courier_state(&mut c, &k, "d");
+    assert_eq!(st.unwrap().seq, 3.0);
+    assert_eq!(
+        run_current(&mut c, &k, &[point("d", 2, t - 2.0)], NOW + 2.0),
+        vec![Verdict::Stale]
+    );
+    cleanup(&mut c, &k);
+}
+
 /// A batch retried after a response timeout (Redis had applied its first run) gets the reply of
 /// that run: accepted, with the courier's order. Judged again it would be stale. Another record
 /// is judged afresh, and the record lives 30 s.
