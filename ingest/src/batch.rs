@@ -400,7 +400,7 @@ mod tests {
                     i += 1;
                     continue;
                 }
-                0xcc | 0xcd | 0xce | 0xcf => {
+                0xcc..=0xcf => {
                     let w = 1 << (b[i] - 0xcc);
                     out.push(Mp::Uint(be(&b[i + 1..i + 1 + w]) as u64));
                     i += 1 + w;
