@@ -2,11 +2,18 @@
 //! worker (`courier-pipeline ingest`), real Redis, and the simulator as load, each its own
 //! process on this box. Prints, per rate: sent, received by ingest, accepted, duplicates, lost
 //! (sent minus accepted), where it was lost (ingest's queue, the broker's CursorJump alerts;
-//! the rest is the broker dropping silently), ingest CPU µs per point and ingest RSS.
+//! the rest is the broker dropping silently), ingest CPU µs per point, Redis CPU µs per point
+//! (`INFO cpu`), of which the batch script's own time (`INFO commandstats`, EVALSHA's usec;
+//! the rest is Redis reading requests and writing replies, its event loop and the sweeps), the
+//! mean batch size, ingest RSS, and the broker's and the simulator's CPU µs per point sent (so
+//! a row shows where the machine's cores went).
 //!
 //! Run: `./dev bench` (or `cargo bench --bench live_path` with REDIS_URL set).
 //! Env: BENCH_RATES (msg/s, comma-separated; default 10000,20000,40000,60000,80000),
-//! BENCH_SECONDS (per step; default 10).
+//! BENCH_SECONDS (per step; default 10), BENCH_WORKERS (ingest workers in the one ingest
+//! process, each its own MQTT client in the `$share/ingest` group; default 1),
+//! BENCH_INGEST_BIN (the `courier-pipeline` binary that runs ingest, e.g. an older build to
+//! compare with; default this build; the broker and simulator are always this build).
 
 mod common;
 
@@ -98,11 +105,25 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
 
+    let workers: usize = std::env::var("BENCH_WORKERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    let ingest_bin = std::env::var("BENCH_INGEST_BIN").unwrap_or_else(|_| BIN.to_string());
     let dir = std::env::temp_dir().join(format!("live-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let prefix = format!("bench{}:", std::process::id());
     let conf = dir.join("bench.toml");
-    std::fs::write(&conf, format!("[redis]\nkey_prefix = \"{prefix}\"\n")).unwrap();
+    std::fs::write(
+        &conf,
+        format!(
+            "[redis]\nkey_prefix = \"{prefix}\"\n\n[ingest]\nworkers = {workers}\n{}\n",
+            std::env::var("BENCH_INGEST_EXTRA")
+                .unwrap_or_default()
+                .replace(';', "\n")
+        ),
+    )
+    .unwrap();
     let (mqtt, broker_metrics, ingest_metrics) = (free_port(), free_port(), free_port());
     // The broker checks logins; ingest and the simulator log in with bus tokens they mint with
     // a bus key of this run.
@@ -125,7 +146,7 @@ fn main() {
     );
     wait_ready(broker_metrics);
     let ingest = Proc(
-        Command::new(BIN)
+        Command::new(&ingest_bin)
             .args(["--config", conf.to_str().unwrap(), "ingest"])
             .env("MQTT_URL", format!("mqtt://127.0.0.1:{mqtt}"))
             .env("REDIS_URL", &redis_url)
@@ -136,10 +157,11 @@ fn main() {
     );
     wait_ready(ingest_metrics);
     let ipid = ingest.0.id();
+    let bpid = broker.0.id();
 
-    println!("live path: embedded rumqttd (own process) -> 1 ingest worker (own process) -> Redis; simulator as load; {seconds} s per rate");
+    println!("live path: embedded rumqttd (own process) -> {workers} ingest worker(s) (one process: {ingest_bin}) -> Redis; simulator as load; {seconds} s per rate");
     println!(
-        "{:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>7} {:>8} {:>8} {:>10} {:>10} {:>9} {:>9}",
+        "{:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>7} {:>8} {:>8} {:>10} {:>10} {:>10} {:>7} {:>9} {:>9} {:>9} {:>9}",
         "rate/s",
         "sent",
         "received",
@@ -151,8 +173,12 @@ fn main() {
         "b.alerts",
         "cpu_us/pt",
         "redis_us/pt",
+        "script_us/pt",
+        "batch",
         "rss_MiB",
-        "peak_MiB"
+        "peak_MiB",
+        "broker_us",
+        "sim_us"
     );
     for rate in rates {
         let couriers = (rate * 2).clamp(1000, 200_000); // every courier sends every 2 s
@@ -163,8 +189,13 @@ fn main() {
         let acc0 = metric(&before, "ingest_points_total", "result=\"accepted\"");
         let stale0 = metric(&before, "ingest_points_total", "result=\"stale\"");
         let qdrop0 = metric(&before, "ingest_queue_dropped_total", "");
+        let bsum0 = metric(&before, "ingest_batch_size_sum", "");
         let cpu0 = common::cpu_seconds(ipid);
+        let broker_cpu0 = common::cpu_seconds(bpid);
+        let sim_cpu0 = common::reaped_children_cpu_seconds();
         let redis0 = common::redis_cpu_seconds(&redis_url);
+        let script0 = common::redis_command_usec(&redis_url, "evalsha");
+        let calls0 = metric(&before, "ingest_batch_size_count", "");
         let sim = Command::new(BIN)
             .args([
                 "simulate",
@@ -204,7 +235,10 @@ fn main() {
             last = now;
         }
         let cpu = common::cpu_seconds(ipid) - cpu0;
+        let broker_cpu = common::cpu_seconds(bpid) - broker_cpu0;
+        let sim_cpu = common::reaped_children_cpu_seconds() - sim_cpu0;
         let redis_cpu = common::redis_cpu_seconds(&redis_url) - redis0;
+        let script_us = common::redis_command_usec(&redis_url, "evalsha") - script0;
         let received = metric(&text, "ingest_messages_received_total", "") - rx0;
         let accepted = metric(&text, "ingest_points_total", "result=\"accepted\"") - acc0;
         let alerts = metric(&metrics(broker_metrics), "broker_cursor_jumps_total", "") - b_before;
@@ -214,8 +248,10 @@ fn main() {
         let dups = metric(&text, "ingest_points_total", "result=\"stale\"") - stale0;
         let lost = (sent - accepted).max(0.0);
         let qdrops = metric(&text, "ingest_queue_dropped_total", "") - qdrop0;
+        let batch = (metric(&text, "ingest_batch_size_sum", "") - bsum0)
+            / (metric(&text, "ingest_batch_size_count", "") - calls0).max(1.0);
         println!(
-            "{:>9} {:>9.0} {:>9.0} {:>9.0} {:>6.0} {:>9.0} {:>6.2}% {:>8.0} {:>8.0} {:>10.2} {:>10.2} {:>9.1} {:>9.1}",
+            "{:>9} {:>9.0} {:>9.0} {:>9.0} {:>6.0} {:>9.0} {:>6.2}% {:>8.0} {:>8.0} {:>10.2} {:>10.2} {:>10.2} {:>7.0} {:>9.1} {:>9.1} {:>9.2} {:>9.2}",
             rate,
             sent,
             received,
@@ -227,8 +263,12 @@ fn main() {
             alerts,
             cpu * 1e6 / received.max(1.0),
             redis_cpu * 1e6 / received.max(1.0),
+            script_us / received.max(1.0),
+            batch,
             common::status_kib(ipid, "VmRSS:") as f64 / 1024.0,
             common::status_kib(ipid, "VmHWM:") as f64 / 1024.0,
+            broker_cpu * 1e6 / sent.max(1.0),
+            sim_cpu * 1e6 / sent.max(1.0),
         );
     }
     drop(ingest);

@@ -13,6 +13,12 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     stat_ticks(pid, 11..13) / clock_ticks()
 }
 
+/// CPU seconds of this process's children that have exited and been waited for (the simulator
+/// runs of a benchmark; also its short `redis-cli` calls).
+pub fn reaped_children_cpu_seconds() -> f64 {
+    stat_ticks(std::process::id(), 13..15) / clock_ticks()
+}
+
 /// The sum of `/proc/<pid>/stat` fields `fields`, counted after the command name (which may hold
 /// spaces): 11 utime, 12 stime, 13 cutime, 14 cstime.
 fn stat_ticks(pid: u32, fields: std::ops::Range<usize>) -> f64 {
@@ -59,6 +65,23 @@ pub fn redis_cpu_seconds(url: &str) -> f64 {
         .filter_map(|l| l.trim().split_once(':'))
         .filter(|(k, _)| *k == "used_cpu_user" || *k == "used_cpu_sys")
         .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .sum()
+}
+
+/// Microseconds Redis has spent in `command` since its last CONFIG RESETSTAT (`INFO
+/// commandstats`: `cmdstat_<command>:calls=..,usec=..`), 0 when it never ran.
+pub fn redis_command_usec(url: &str, command: &str) -> f64 {
+    let out = Command::new("redis-cli")
+        .args(["-u", url, "INFO", "commandstats"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let prefix = format!("cmdstat_{command}:");
+    out.lines()
+        .filter_map(|l| l.trim().strip_prefix(prefix.as_str()))
+        .flat_map(|rest| rest.split(','))
+        .filter_map(|kv| kv.strip_prefix("usec="))
+        .filter_map(|v| v.parse::<f64>().ok())
         .sum()
 }
 

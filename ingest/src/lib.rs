@@ -14,6 +14,7 @@ pub mod batch;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod pack;
 pub mod sink;
 pub mod source;
 mod sweep;

@@ -4,15 +4,19 @@
 -- with an older one.
 --
 -- KEYS: 1 live (GEO), 2 seen (ZSET), 3 order (HASH courier -> order), 4 seq (HASH courier -> state),
---       5 this batch's record: its verdicts, kept 30 s (retries stop after ingest.redis_retry_for,
---       at most 20 s). A batch retried after a response
---       timeout (Redis had applied it) gets the verdicts of its first run back instead of being
---       judged again, when every point would be stale (its own seq) and no track sent.
--- ARGV: 1 now (server unix seconds), 2 reset_after (seconds),
---       then 5 per entry: id, lon, lat, seq, ts. seq == "off" is an `offline` status (the
---       other three fields are empty): the courier leaves the live index at once.
--- State per courier: "seq|phone_ts|epoch_ts|server_ts" where epoch_ts is the phone time of the
--- first point since the last seq reset.
+--       5 this batch's record: its reply, kept 30 s (retries stop after ingest.redis_retry_for,
+--       at most 20 s). A batch retried after a response timeout (Redis had applied it) gets the
+--       reply of its first run back instead of being judged again, when every point would be
+--       stale (its own seq) and no track sent.
+-- ARGV: 1 now (server unix seconds), 2 reset_after (seconds), 3 the batch, one MessagePack
+--       array (ingest/src/batch.rs, script_call): per courier, each once, in the order of his
+--       first entry: id, n, then his n entries in batch order, three values each: seq, ts and
+--       the location's GEO score (as a string: the 52-bit geohash GEOADD would store, computed
+--       by ingest, so a plain ZADD writes it). An `offline` status is false, false, false: the
+--       courier leaves the live index at once.
+-- State per courier, packed: struct.pack('<Bdddd', 1, seq, phone_ts, epoch_ts, server_ts), where
+-- epoch_ts is the phone time of the first point since the last seq reset. The text form
+-- "seq|phone_ts|epoch_ts|server_ts" of earlier versions is read too (it starts with a digit).
 -- Rule for a point (s, p):
 --   no state                                        -> accept (new epoch)
 --   s > seq and p >= epoch_ts                       -> accept
@@ -20,113 +24,122 @@
 --     now - server_ts >= reset_after                -> accept as a seq reset (new epoch)
 --   anything else                                   -> stale (older, duplicate, or a replay of
 --                                                      the epoch before a reset)
--- Returns two values per entry: a code (0 stale, 1 accepted, 2 accepted as reset,
--- 3 offline handled) and the order the courier carries ('' if none; accepted points only).
+-- A courier's entries are judged in turn, each against the state the one before left; only his
+-- last accepted point reaches live and seen (an earlier one would be overwritten in the same
+-- call), unless an `offline` after it removes him.
+-- Returns { codes, then courier, order for each courier with an accepted point and an order }:
+-- codes holds one character per entry in the order above ('0' stale, '1' accepted, '2' accepted
+-- as reset, '3' offline handled); courier counts from 1 in the order above.
 local live, seen, orders, seqs, record = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local done = redis.call('GET', record)
 if done then
-  return cjson.decode(done)
+  return cmsgpack.unpack(done)
 end
 local now_s = ARGV[1]
 local now = tonumber(now_s)
 local reset_after = tonumber(ARGV[2])
+local a = cmsgpack.unpack(ARGV[3])
+local len = #a
 
-local out = {}
-local state = {}
-local dirty = {}
-local geo = {}
-local zs = {}
-
-local function flush()
-  if #geo > 0 then
-    redis.call('GEOADD', live, unpack(geo))
-    redis.call('ZADD', seen, unpack(zs))
-    geo = {}
-    zs = {}
-  end
+-- Every courier's state and order in two calls for the whole batch.
+local ids, at, nc = {}, {}, 0
+local i = 1
+while i <= len do
+  nc = nc + 1
+  ids[nc] = a[i]
+  at[nc] = i
+  i = i + 2 + 3 * a[i + 1]
 end
+local raws = redis.call('HMGET', seqs, unpack(ids))
+local carried = redis.call('HMGET', orders, unpack(ids))
 
--- Every courier's state and order in two calls for the whole batch, not two calls a point: the
--- call overhead was the larger part of the script's time. The order cannot change while the
--- script runs, so reading it up front is the same as reading it on acceptance.
-local ids = {}
-for i = 3, #ARGV, 5 do
-  ids[#ids + 1] = ARGV[i]
-end
-local raws, carried = {}, {}
-if #ids > 0 then
-  raws = redis.call('HMGET', seqs, unpack(ids))
-  carried = redis.call('HMGET', orders, unpack(ids))
-end
-
--- k: the entry's place in the batch (its HMGET answer); a courier seen earlier in the batch
--- uses the state this script left.
-local function load(id, k)
-  local st = state[id]
-  if st == nil then
-    local raw = raws[k]
-    st = false
-    if raw then
-      local a, b, c, d = string.match(raw, '^([^|]+)|([^|]+)|([^|]+)|([^|]+)$')
-      if a then
-        st = { tonumber(a), tonumber(b), c, tonumber(c), tonumber(d) }
+local pack, unpack_state, match, byte = struct.pack, struct.unpack, string.match, string.byte
+local codes, out, ncodes, nout = {}, { false }, 0, 1
+local geo, zs, hs, gone = {}, {}, {}, {} -- ZADD live, ZADD seen, HSET seq, ZREM both
+local ngeo, nhs, ngone = 0, 0, 0
+for c = 1, nc do
+  local id = ids[c]
+  local j = at[c]
+  local last = j + 2 + 3 * a[j + 1]
+  -- The courier's state: have, seq, phone_ts, epoch_ts, server_ts.
+  local have, seq, pts, ets, sts = false, 0, 0, 0, 0
+  local raw = raws[c]
+  if raw then
+    if #raw == 33 and byte(raw) == 1 then
+      have = true
+      local _
+      _, seq, pts, ets, sts = unpack_state('<Bdddd', raw)
+    else
+      local s1, s2, s3, s4 = match(raw, '^([^|]+)|([^|]+)|([^|]+)|([^|]+)$')
+      if s1 then
+        seq, pts, ets, sts = tonumber(s1), tonumber(s2), tonumber(s3), tonumber(s4)
+        have = seq ~= nil and pts ~= nil and ets ~= nil and sts ~= nil
       end
     end
-    state[id] = st
   end
-  return st
-end
-
-for i = 3, #ARGV, 5 do
-  local k = (i + 2) / 5
-  local id = ARGV[i]
-  local seq_s = ARGV[i + 3]
-  if seq_s == 'off' then
-    flush()
-    redis.call('ZREM', live, id)
-    redis.call('ZREM', seen, id)
-    out[#out + 1] = 3
-    out[#out + 1] = ''
-  else
-    local s = tonumber(seq_s)
-    local ts_s = ARGV[i + 4]
-    local p = tonumber(ts_s)
-    local st = load(id, k)
-    local code = 0
-    local epoch_s = ts_s
-    if not st then
-      code = 1
-    elseif s > st[1] and p >= st[4] then
-      code = 1
-      epoch_s = st[3]
-    elseif s <= st[1] and p > st[2] and now - st[5] >= reset_after then
-      code = 2
-    end
-    if code > 0 then
-      state[id] = { s, p, epoch_s, tonumber(epoch_s), now }
-      dirty[id] = seq_s .. '|' .. ts_s .. '|' .. epoch_s .. '|' .. now_s
-      geo[#geo + 1] = ARGV[i + 1]
-      geo[#geo + 1] = ARGV[i + 2]
-      geo[#geo + 1] = id
-      zs[#zs + 1] = now_s
-      zs[#zs + 1] = id
-      out[#out + 1] = code
-      out[#out + 1] = carried[k] or ''
+  local changed, accepted, final = false, false, 0 -- final: 0 nothing, -1 offline, k the point
+  for k = j + 2, last - 1, 3 do
+    local s = a[k]
+    if s == false then
+      ncodes = ncodes + 1
+      codes[ncodes] = '3'
+      final = -1
     else
-      out[#out + 1] = 0
-      out[#out + 1] = ''
+      local p = a[k + 1]
+      local code
+      if not have then
+        code = '1'
+        ets = p
+      elseif s > seq and p >= ets then
+        code = '1'
+      elseif s <= seq and p > pts and now - sts >= reset_after then
+        code = '2'
+        ets = p
+      end
+      if code then
+        have, seq, pts, sts = true, s, p, now
+        changed, accepted, final = true, true, k
+      else
+        code = '0'
+      end
+      ncodes = ncodes + 1
+      codes[ncodes] = code
     end
   end
+  if changed then
+    hs[nhs + 1] = id
+    hs[nhs + 2] = pack('<Bdddd', 1, seq, pts, ets, now)
+    nhs = nhs + 2
+  end
+  if final > 0 then
+    geo[ngeo + 1] = a[final + 2]
+    geo[ngeo + 2] = id
+    zs[ngeo + 1] = now_s
+    zs[ngeo + 2] = id
+    ngeo = ngeo + 2
+  elseif final < 0 then
+    ngone = ngone + 1
+    gone[ngone] = id
+  end
+  local order = carried[c]
+  if accepted and order and order ~= '' then
+    out[nout + 1] = c
+    out[nout + 2] = order
+    nout = nout + 2
+  end
 end
-flush()
 
-local hs = {}
-for id, v in pairs(dirty) do
-  hs[#hs + 1] = id
-  hs[#hs + 1] = v
+if ngone > 0 then
+  redis.call('ZREM', live, unpack(gone))
+  redis.call('ZREM', seen, unpack(gone))
 end
-if #hs > 0 then
+if ngeo > 0 then
+  redis.call('ZADD', live, unpack(geo))
+  redis.call('ZADD', seen, unpack(zs))
+end
+if nhs > 0 then
   redis.call('HSET', seqs, unpack(hs))
 end
-redis.call('SET', record, cjson.encode(out), 'EX', 30)
+out[1] = table.concat(codes)
+redis.call('SET', record, cmsgpack.pack(out), 'EX', 30)
 return out

@@ -97,10 +97,10 @@ impl RedisSink {
         }
     }
 
-    /// One batch script call. `args` come from [`crate::batch::script_args`].
-    /// Runs the batch script. `batch_id` names the batch across its retries (see the script's
-    /// record key): the same id gets the same verdicts.
-    pub async fn batch(&self, batch_id: &str, args: &[String]) -> Result<Vec<Value>, IngestError> {
+    /// Runs the batch script; `args` come from [`crate::batch::script_call`]. `batch_id` names
+    /// the batch across its retries (see the script's record key): the same id gets the same
+    /// verdicts.
+    pub async fn batch(&self, batch_id: &str, args: &[Vec<u8>]) -> Result<Vec<Value>, IngestError> {
         let k = &self.keys;
         let record = format!("{}{batch_id}", k.batch_record);
         let mut cmd = Self::evalsha(&self.batch, &[&k.live, &k.seen, &k.order, &k.seq, &record]);

@@ -100,13 +100,13 @@ async fn process(ctx: &Ctx, messages: Vec<Message>) {
     let now = unix_now();
     let mut plan = batch::plan(&messages, &ctx.limits, now);
     if !plan.entries.is_empty() {
-        let args = batch::script_args(&plan, now, ctx.reset_after);
+        let call = batch::script_call(&plan, now, ctx.reset_after);
         ctx.metrics.batch_size.record(plan.entries.len() as f64);
         // One id for the batch and all its retries: a retry after a timeout gets the verdicts
         // of the run that Redis did apply.
         let batch_id = next_batch_id();
-        match call_with_retry(ctx, &batch_id, &args).await {
-            Ok(reply) => match batch::parse_reply(&reply, plan.entries.len()) {
+        match call_with_retry(ctx, &batch_id, &call.args).await {
+            Ok(reply) => match batch::parse_reply(&reply, &call) {
                 Ok(verdicts) => apply(ctx, &mut plan, &verdicts),
                 Err(e) => {
                     tracing::error!(error = %e, "batch script reply unreadable; batch counted as error");
@@ -170,7 +170,7 @@ fn next_batch_id() -> String {
 async fn call_with_retry(
     ctx: &Ctx,
     batch_id: &str,
-    args: &[String],
+    args: &[Vec<u8>],
 ) -> Result<Vec<redis::Value>, crate::IngestError> {
     let started = Instant::now();
     let mut backoff = Duration::from_millis(50);

@@ -12,7 +12,7 @@ pub struct Keys {
     pub seen: String,
     /// HASH: courier id -> order id while he carries it.
     pub order: String,
-    /// HASH: courier id -> seq state used by the batch script (`seq|phone_ts|epoch_ts|server_ts`).
+    /// HASH: courier id -> seq state used by the batch script (packed; see docs/rules.md).
     pub seq: String,
     /// HASH: order id -> courier id while the order runs (the reverse of `order`).
     pub order_courier: String,
