@@ -257,16 +257,22 @@ fn log_format_json_writes_one_json_object_per_line() {
 
 #[test]
 fn the_embedded_broker_will_not_admit_anyone_without_keys() {
-    let out = Command::new(BIN)
-        .arg("broker")
-        .env_remove("MQTT_URL")
-        .env_remove("AUTH_KEY_DIR")
-        .env("MQTT_LISTEN", free_addr().to_string())
-        .env("METRICS_LISTEN", "off")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    // Refused at start, with the error on stderr: no key directory, or one without bus keys.
+    let refused = |dir: Option<&std::path::Path>| {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("broker")
+            .env_remove("MQTT_URL")
+            .env("MQTT_LISTEN", free_addr().to_string())
+            .env("METRICS_LISTEN", "off");
+        match dir {
+            Some(d) => cmd.env("AUTH_KEY_DIR", d),
+            None => cmd.env_remove("AUTH_KEY_DIR"),
+        };
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = refused(None);
     assert!(
         err.lines().any(|l| l.starts_with("error: AUTH_KEY_DIR")),
         "{err}"
@@ -275,16 +281,7 @@ fn the_embedded_broker_will_not_admit_anyone_without_keys() {
     let dir = std::env::temp_dir().join(format!("broker-no-bus-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(test_key_dir().join("courier.pub"), dir.join("courier.pub")).unwrap();
-    let out = Command::new(BIN)
-        .arg("broker")
-        .env_remove("MQTT_URL")
-        .env("AUTH_KEY_DIR", &dir)
-        .env("MQTT_LISTEN", free_addr().to_string())
-        .env("METRICS_LISTEN", "off")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused(Some(&dir));
     assert!(err.contains("has no bus.pub"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -12,7 +12,7 @@ mod common;
 mod support;
 
 use courier_wire::{Keys, MqttEndpoint};
-use ingest::{Ingest, Stats};
+use ingest::Stats;
 use simulator::watchers::{Assigner, Viewer};
 use simulator::{Profile, SimConfig, SimStats, Simulator};
 use std::net::SocketAddr;
@@ -24,6 +24,10 @@ use support::*;
 use tokio_util::sync::CancellationToken;
 
 const BIN: &str = env!("CARGO_BIN_EXE_courier-pipeline");
+
+/// One fault at a time: each scenario loads both cores, and its ledger's bounds (a fraction of a
+/// second of traffic) assume the box is not also running another one.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn knob(name: &str, default: f64) -> f64 {
     std::env::var(name)
@@ -152,12 +156,14 @@ async fn settle(ingest: &Stats) {
 /// broker restart), and only those: after the recovery nothing is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_loses_only_the_gap_and_every_role_comes_back() {
+    let _serial = SERIAL.lock().await;
     broker_restart(BrokerKind::Embedded).await;
 }
 
 /// The same with Mosquitto as the bus.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mosquitto_restart_loses_only_the_gap_and_every_role_comes_back() {
+    let _serial = SERIAL.lock().await;
     broker_restart(BrokerKind::Mosquitto).await;
 }
 
@@ -296,6 +302,7 @@ async fn live_count(url: &str, keys: &Keys) -> Option<u64> {
 /// whole again soon after Redis returns; nothing is lost or unexplained.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restarted_empty_loses_nothing_and_the_live_index_comes_back() {
+    let _serial = SERIAL.lock().await;
     redis_restart(false).await;
 }
 
@@ -303,6 +310,7 @@ async fn redis_restarted_empty_loses_nothing_and_the_live_index_comes_back() {
 /// writes may be missing), and the retried batches are judged against it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restarted_with_aof_loses_nothing_and_the_live_index_comes_back() {
+    let _serial = SERIAL.lock().await;
     redis_restart(true).await;
 }
 
@@ -316,27 +324,8 @@ async fn redis_restart(aof: bool) {
     let mut redis = redis_with(port, aof_dir);
     let broker = start_broker(BrokerKind::Embedded);
     let keys = Keys::with_prefix(&prefix());
-    let stats = Arc::new(Stats::default());
-    let stop = CancellationToken::new();
-    let ingest = tokio::spawn(
-        Ingest {
-            config: test_ingest_config(),
-            mqtt: broker.endpoint.clone(),
-            redis_url: url.clone(),
-            keys: keys.clone(),
-            stats: stats.clone(),
-        }
-        .run(stop.clone()),
-    );
-    let s = stats.clone();
-    assert!(
-        wait_until(Duration::from_secs(10), || s
-            .subscriptions_acked
-            .load(Relaxed)
-            >= 2)
-        .await,
-        "ingest did not subscribe"
-    );
+    let ingest = start_ingest_on(&broker, &url, test_ingest_config(), keys.clone()).await;
+    let stats = ingest.stats.clone();
     let sim = load(&broker.endpoint, &keys, rate, seconds);
     let couriers = sim.config.couriers as u64;
     let interval = Duration::from_secs_f64(couriers as f64 / rate);
@@ -384,44 +373,10 @@ async fn redis_restart(aof: bool) {
         recovered_in.as_secs_f64(),
         interval.as_secs_f64()
     );
-    stop_role("ingest", stop, ingest).await;
+    ingest.stop().await;
     let _ = redis.kill();
     let _ = redis.wait();
     let _ = std::fs::remove_dir_all(dir);
-}
-
-/// An ingest worker of the `ingest` group, in this process (stopped as SIGTERM stops one:
-/// its shutdown token).
-async fn ingest_worker(
-    bus: &MqttEndpoint,
-    keys: &Keys,
-) -> (
-    Arc<Stats>,
-    CancellationToken,
-    tokio::task::JoinHandle<Result<(), ingest::IngestError>>,
-) {
-    let stats = Arc::new(Stats::default());
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(
-        Ingest {
-            config: test_ingest_config(),
-            mqtt: bus.clone(),
-            redis_url: services().redis_url.clone(),
-            keys: keys.clone(),
-            stats: stats.clone(),
-        }
-        .run(stop.clone()),
-    );
-    let s = stats.clone();
-    assert!(
-        wait_until(Duration::from_secs(10), || s
-            .subscriptions_acked
-            .load(Relaxed)
-            >= 2)
-        .await,
-        "ingest worker did not subscribe"
-    );
-    (stats, stop, task)
 }
 
 /// A rolling restart: one of two ingest workers of the group is stopped mid-run and a new one
@@ -429,25 +384,29 @@ async fn ingest_worker(
 /// by one of the workers, none twice, none dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_of_an_ingest_worker_loses_nothing() {
+    let _serial = SERIAL.lock().await;
     let (seconds, rate) = (knob("FAULT_SECONDS", 8.0), knob("FAULT_RATE", 2000.0));
     let broker = start_broker(BrokerKind::Embedded);
     let keys = Keys::with_prefix(&prefix());
-    let (a, a_stop, a_task) = ingest_worker(&broker.endpoint, &keys).await;
-    let (b, b_stop, b_task) = ingest_worker(&broker.endpoint, &keys).await;
+    // Workers in this process, stopped as SIGTERM stops one: their shutdown token.
+    let a = start_ingest(&broker, test_ingest_config(), keys.clone()).await;
+    let b = start_ingest(&broker, test_ingest_config(), keys.clone()).await;
     let sim = load(&broker.endpoint, &keys, rate, seconds);
     let sim_stats = sim.stats.clone();
     let run = tokio::spawn(sim.run(CancellationToken::new(), |_| {}));
     tokio::time::sleep(Duration::from_secs_f64(seconds / 3.0)).await;
-    stop_role("ingest a", a_stop, a_task).await;
+    let (a, a_run) = (a.stats.clone(), a);
+    a_run.stop().await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (c, c_stop, c_task) = ingest_worker(&broker.endpoint, &keys).await;
+    let c = start_ingest(&broker, test_ingest_config(), keys.clone()).await;
     run.await.unwrap().unwrap();
-    for s in [&b, &c] {
+    let (b_stats, c_stats) = (b.stats.clone(), c.stats.clone());
+    for s in [&b_stats, &c_stats] {
         settle(s).await;
     }
     // One ledger over the three workers' counters.
     let all = Stats::default();
-    for s in [&a, &b, &c] {
+    for s in [&a, &b_stats, &c_stats] {
         for (sum, part) in [
             (&all.accepted, &s.accepted),
             (&all.stale, &s.stale),
@@ -465,14 +424,14 @@ async fn a_rolling_restart_of_an_ingest_worker_loses_nothing() {
         None,
     );
     assert!(
-        a.settled() > 0 && c.settled() > 0,
+        a.settled() > 0 && c_stats.settled() > 0,
         "both the old and the new worker took points"
     );
     assert_eq!(l.unexplained(), 0, "points lost or judged twice");
     assert_eq!(l.queue_dropped + l.errors, 0, "points dropped");
     assert_eq!(l.stale, 0, "a point judged twice (stale) or out of order");
-    stop_role("ingest b", b_stop, b_task).await;
-    stop_role("ingest c", c_stop, c_task).await;
+    b.stop().await;
+    c.stop().await;
     cleanup_all(&keys).await;
 }
 
@@ -537,6 +496,7 @@ async fn history_writer_in(
 /// and PostgreSQL ends up with one row per point written, none dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_of_a_history_writer_loses_no_row() {
+    let _serial = SERIAL.lock().await;
     let (seconds, rate) = (knob("FAULT_SECONDS", 8.0), knob("FAULT_RATE", 2000.0));
     let broker = start_broker(BrokerKind::Embedded);
     let schema = pg_schema().await;
@@ -652,6 +612,7 @@ where
 /// restart, with no process other than `run` touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_killed_under_load_comes_back_and_history_keeps_what_was_committed() {
+    let _serial = SERIAL.lock().await;
     let seconds = knob("FAULT_SECONDS", 10.0);
     let couriers = 500usize;
     let ports = RunPorts {
@@ -758,6 +719,7 @@ async fn run_killed_under_load_comes_back_and_history_keeps_what_was_committed()
 /// node, every courier is once in the live index, every point is one row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_on_one_bus_split_the_load_and_count_nothing_twice() {
+    let _serial = SERIAL.lock().await;
     let (seconds, rate) = (knob("FAULT_SECONDS", 6.0), knob("FAULT_RATE", 2000.0));
     let bus = start_broker(BrokerKind::Mosquitto);
     let schema = pg_schema().await;
@@ -838,32 +800,15 @@ async fn two_nodes_on_one_bus_split_the_load_and_count_nothing_twice() {
 /// the courier.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_and_dispatch_work_again_after_a_redis_restart() {
+    let _serial = SERIAL.lock().await;
     use rumqttc::QoS;
     let port = free_addr().port();
     let url = format!("redis://127.0.0.1:{port}/");
     let mut redis = redis_process(port);
     let broker = start_broker(BrokerKind::Embedded);
     let keys = Keys::with_prefix(&prefix());
-    let stats = Arc::new(Stats::default());
-    let stop = CancellationToken::new();
-    let ingest = tokio::spawn(
-        Ingest {
-            config: test_ingest_config(),
-            mqtt: broker.endpoint.clone(),
-            redis_url: url.clone(),
-            keys: keys.clone(),
-            stats: stats.clone(),
-        }
-        .run(stop.clone()),
-    );
-    let s = stats.clone();
-    assert!(
-        wait_until(Duration::from_secs(10), || s
-            .subscriptions_acked
-            .load(Relaxed)
-            >= 2)
-        .await
-    );
+    let ingest = start_ingest_on(&broker, &url, test_ingest_config(), keys.clone()).await;
+    let s = ingest.stats.clone();
     let f = start_fanout_on(&broker, &url, keys.clone(), test_fanout_config()).await;
     let d = dispatch::Dispatch::connect(&url, keys.clone())
         .await
@@ -961,20 +906,23 @@ async fn the_gateway_and_dispatch_work_again_after_a_redis_restart() {
     );
     assert_eq!(found.couriers[0].id, "k1");
     f.stop().await;
-    stop_role("ingest", stop, ingest).await;
+    ingest.stop().await;
     let _ = redis.kill();
     let _ = redis.wait();
 }
 
 /// A single history writer restarted (no other member in its group): with a persistent
-/// session (`history.session`) the broker keeps what arrives meanwhile and hands it over.
-/// What QoS 0 cannot keep: messages the broker had already put on the old connection when it
-/// closed. Mosquitto (`queue_qos0_messages true`) lost 1 of 12,002 here; rumqttd also drops the
-/// session's outgoing buffer and in-flight window (`router.max_outgoing_packet_count` 1,000,
-/// `max_inflight_count` 100): 1,031 lost, it keeps only what came after. Without a session the whole second (2,000 points) is lost.
+/// session (`history.session`) Mosquitto keeps what arrives meanwhile (`queue_qos0_messages
+/// true`, and `max_queued_messages` above the window: the test's broker allows 1,000,000) and
+/// hands it over; PostgreSQL gets one row per point, or all but what was on the old connection
+/// when it closed (QoS 0). rumqttd does not keep such a window: it lost 1,000 of 2,000 points at
+/// 2,000/s and 9,213 of 10,000 at 10,000/s (measured with this test pointed at it), so the
+/// embedded bus is not tested here and a single writer there needs a second one in its group.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_history_writer_restarted_keeps_its_window_in_a_persistent_session() {
-    for kind in [BrokerKind::Mosquitto, BrokerKind::Embedded] {
+    let _serial = SERIAL.lock().await;
+    {
+        let kind = BrokerKind::Mosquitto;
         let (seconds, rate) = (knob("FAULT_SECONDS", 6.0), knob("FAULT_RATE", 2000.0));
         let broker = start_broker(kind);
         let schema = pg_schema().await;
@@ -1005,14 +953,9 @@ async fn a_single_history_writer_restarted_keeps_its_window_in_a_persistent_sess
             sent as i64 - rows
         );
         let lost = sent as i64 - rows;
-        let bound = match kind {
-            BrokerKind::Mosquitto => 20,
-            // Its outgoing buffer and in-flight window (broker-config/rumqttd.toml).
-            BrokerKind::Embedded => 1_000 + 100,
-        };
         assert!(
-            (0..=bound).contains(&lost),
-            "{kind:?}: {lost} rows lost (at most {bound}: what was on the old connection)"
+            (0..=20).contains(&lost),
+            "{kind:?}: {lost} rows lost (at most a few: what was on the old connection)"
         );
         schema.drop().await;
         cleanup_all(&keys).await;

@@ -150,7 +150,7 @@ pub fn mosquitto_child(addr: SocketAddr, dir: &std::path::Path) -> Child {
     std::fs::write(
         &conf,
         format!(
-            "listener {} 127.0.0.1\nallow_anonymous true\npersistence false\nqueue_qos0_messages true\nlog_dest stderr\nlog_type error\n",
+            "listener {} 127.0.0.1\nallow_anonymous true\npersistence false\nqueue_qos0_messages true\nmax_queued_messages 1000000\nlog_dest stderr\nlog_type error\n",
             addr.port()
         ),
     )
@@ -436,13 +436,23 @@ impl RunningIngest {
 /// Starts the ingest role against `broker` with a fresh key prefix and waits until every
 /// worker's subscriptions are acknowledged.
 pub async fn start_ingest(broker: &TestBroker, config: IngestConfig, keys: Keys) -> RunningIngest {
+    start_ingest_on(broker, &services().redis_url, config, keys).await
+}
+
+/// [`start_ingest`] on another Redis (one a test may stop).
+pub async fn start_ingest_on(
+    broker: &TestBroker,
+    redis_url: &str,
+    config: IngestConfig,
+    keys: Keys,
+) -> RunningIngest {
     let stats = Arc::new(Stats::default());
     let shutdown = CancellationToken::new();
     let workers = config.workers as u64;
     let ingest = Ingest {
         config,
         mqtt: broker.endpoint.clone(),
-        redis_url: services().redis_url.clone(),
+        redis_url: redis_url.to_string(),
         keys: keys.clone(),
         stats: stats.clone(),
     };
