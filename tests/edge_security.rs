@@ -834,3 +834,84 @@ async fn an_edge_and_a_bus_without_private_keys_carry_a_phones_point() {
     }
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// Off shift (privacy): after the courier's own `offline`, his points are dropped at the edge
+/// (counted `off_shift`): none reaches the bus, ingest or the live index, also after he
+/// reconnects, until his next `online`. A Last Will `offline` (lost network) is not the end of a
+/// shift: after such a drop his points flow again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_his_own_offline_a_couriers_points_go_nowhere_until_online() {
+    let mut r = rig(RigOptions::default()).await;
+    let t = || courier_wire::clock::unix_now();
+    let mut seq = 0u64;
+    let mut next = || {
+        seq += 1;
+        seq
+    };
+    let status = |c: &AsyncClient, s: &'static str| {
+        let c = c.clone();
+        async move {
+            c.publish(status_topic("cs"), QoS::AtMostOnce, false, s)
+                .await
+                .unwrap()
+        }
+    };
+    let (c, h) = client(&r.phone("cs"), None).await;
+    publish(&c, &loc_topic("cs"), point("cs", 24.7, 46.7, t(), next())).await;
+    let st = r.ingest.stats.clone();
+    assert!(wait_until(Duration::from_secs(5), || st.accepted.load(Relaxed) == 1).await);
+    // The shift ends; the app keeps publishing (the case this is for), then reconnects.
+    status(&c, "offline").await;
+    for _ in 0..5 {
+        publish(&c, &loc_topic("cs"), point("cs", 24.8, 46.8, t(), next())).await;
+    }
+    let e = r.edge.clone();
+    assert!(
+        wait_until(Duration::from_secs(5), || e.off_shift.load(Relaxed) == 5).await,
+        "off-shift points counted: {}",
+        e.off_shift.load(Relaxed)
+    );
+    h.abort();
+    // Back with a Will this time, as apps connect.
+    let will = LastWill::new(status_topic("cs"), "offline", QoS::AtMostOnce, false);
+    let (c, h) = client(&r.phone("cs"), Some(will)).await;
+    for _ in 0..5 {
+        publish(&c, &loc_topic("cs"), point("cs", 24.9, 46.9, t(), next())).await;
+    }
+    assert!(
+        wait_until(Duration::from_secs(5), || e.off_shift.load(Relaxed) == 10).await,
+        "off-shift points counted: {}",
+        e.off_shift.load(Relaxed)
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let seen = r.drain_spy();
+    let locs = seen
+        .iter()
+        .filter(|(topic, _)| topic.ends_with("/loc"))
+        .count();
+    assert_eq!(locs, 1, "an off-shift point reached the bus: {seen:?}");
+    assert_eq!(st.accepted.load(Relaxed), 1);
+    let mut redis = redis().await;
+    assert_eq!(
+        geopos(&mut redis, &r.ingest.keys, "cs").await,
+        None,
+        "still live off shift"
+    );
+    // A new shift: points flow again.
+    status(&c, "online").await;
+    publish(&c, &loc_topic("cs"), point("cs", 24.71, 46.71, t(), next())).await;
+    assert!(wait_until(Duration::from_secs(5), || st.accepted.load(Relaxed) == 2).await);
+    // A lost network (the edge publishes his Will `offline`) does not end the shift.
+    let wills = r.edge.wills.load(Relaxed);
+    h.abort();
+    let e2 = r.edge.clone();
+    assert!(wait_until(Duration::from_secs(5), || e2.wills.load(Relaxed) > wills).await);
+    let (c, _h) = client(&r.phone("cs"), None).await;
+    publish(&c, &loc_topic("cs"), point("cs", 24.72, 46.72, t(), next())).await;
+    assert!(
+        wait_until(Duration::from_secs(5), || st.accepted.load(Relaxed) == 3).await,
+        "a Will ended the shift"
+    );
+    assert_eq!(e.off_shift.load(Relaxed), 10);
+    r.stop().await;
+}

@@ -37,6 +37,8 @@ pub struct Stats {
     pub forwarded: AtomicU64,
     /// Messages over the courier's rate, dropped.
     pub rate_limited: AtomicU64,
+    /// Points of couriers off shift (after their own `offline`), dropped at the door.
+    pub off_shift: AtomicU64,
     /// Messages dropped because the queue to the bus was full (or the bus client's).
     pub queue_full: AtomicU64,
     pub wills: AtomicU64,
@@ -63,6 +65,7 @@ pub(crate) struct Metrics {
     refusals: Vec<Counter>,
     forwarded: Counter,
     rate_limited: Counter,
+    off_shift: Counter,
     queue_full: Counter,
     wills: Counter,
     takeovers: Counter,
@@ -80,6 +83,7 @@ impl Metrics {
                 .collect(),
             forwarded: counter!(m::EDGE_MESSAGES, "result" => "forwarded"),
             rate_limited: counter!(m::EDGE_MESSAGES, "result" => "rate_limited"),
+            off_shift: counter!(m::EDGE_MESSAGES, "result" => "off_shift"),
             queue_full: counter!(m::EDGE_MESSAGES, "result" => "queue_full"),
             wills: counter!(m::EDGE_WILLS),
             takeovers: counter!(m::EDGE_TAKEOVERS),
@@ -111,6 +115,11 @@ impl Metrics {
     pub(crate) fn rate_limited(&self, stats: &Stats) {
         self.rate_limited.increment(1);
         stats.rate_limited.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn off_shift(&self, stats: &Stats) {
+        self.off_shift.increment(1);
+        stats.off_shift.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn queue_full(&self, stats: &Stats, n: u64) {

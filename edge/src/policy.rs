@@ -148,6 +148,33 @@ pub enum Verdict {
     Refuse(Refusal),
 }
 
+/// What a forwarded PUBLISH says about the courier's shift. Only his own explicit statuses
+/// count: the `offline` Will the edge publishes for a lost connection is not the end of a shift.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shift {
+    /// A point: dropped at the door while he is off shift.
+    Point,
+    /// `online`: a shift starts (points go through again).
+    Starts,
+    /// `offline`: his shift ends; his points are dropped until the next `online`.
+    Ends,
+    /// Another status.
+    Other,
+}
+
+/// The shift meaning of a PUBLISH that [`publish`] lets through.
+pub fn shift(p: &Publish) -> Shift {
+    match parse_courier_topic(&p.topic) {
+        Some(CourierTopic::Loc(_)) => Shift::Point,
+        Some(CourierTopic::Status(_)) => match p.payload.trim_ascii() {
+            b"online" => Shift::Starts,
+            b"offline" => Shift::Ends,
+            _ => Shift::Other,
+        },
+        None => Shift::Other,
+    }
+}
+
 /// Checks a PUBLISH of the courier `me`.
 pub fn publish(me: &str, p: &Publish) -> Verdict {
     if p.topic_alias {
@@ -245,6 +272,25 @@ mod tests {
             pkid: 0,
             topic_alias: false,
         }
+    }
+
+    #[test]
+    fn only_his_own_explicit_statuses_move_his_shift() {
+        let with = |topic: &str, payload: &'static [u8]| Publish {
+            payload: Bytes::from_static(payload),
+            ..publish_on(topic)
+        };
+        assert_eq!(shift(&with("couriers/c1/loc", b"{}")), Shift::Point);
+        assert_eq!(shift(&with("couriers/c1/status", b"offline")), Shift::Ends);
+        assert_eq!(
+            shift(&with("couriers/c1/status", b" online\n")),
+            Shift::Starts
+        );
+        assert_eq!(shift(&with("couriers/c1/status", b"busy")), Shift::Other);
+        assert_eq!(
+            shift(&with("couriers/c1/status", b"offline-ish")),
+            Shift::Other
+        );
     }
 
     #[test]

@@ -8,8 +8,8 @@
 
 use crate::codec::{self, Ack, CloseReason, ConnectOutcome, Inbound, Limits, Version};
 use crate::events::{Metrics, Stats, Via};
-use crate::policy::{self, Login, Refusal, Verdict};
-use crate::registry::{Kick, Registry};
+use crate::policy::{self, Login, Refusal, Shift, Verdict};
+use crate::registry::{Kick, Registry, Take};
 use crate::source::{DoorRefusal, PendingSlot};
 use crate::transport::Transport;
 use crate::{EdgeSettings, Message};
@@ -417,17 +417,40 @@ impl Session<'_> {
                     Verdict::Forward => {
                         let sh = self.sh;
                         let t = sh.epoch.elapsed().as_secs_f64();
-                        let ack = if !sh
-                            .registry
-                            .take(self.courier, self.conn, sh.settings.rate, t)
-                        {
-                            sh.metrics.rate_limited(&sh.stats);
-                            Ack::QuotaExceeded
-                        } else {
-                            if sh.forward(p.topic, p.payload) {
-                                sh.metrics.forwarded(&sh.stats);
+                        let shift = policy::shift(&p);
+                        let point = shift == Shift::Point;
+                        let ack = match sh.registry.take(
+                            self.courier,
+                            self.conn,
+                            point,
+                            sh.settings.rate,
+                            t,
+                        ) {
+                            Take::Empty | Take::NotHis => {
+                                sh.metrics.rate_limited(&sh.stats);
+                                Ack::QuotaExceeded
                             }
-                            Ack::Taken
+                            // Off shift: never stored, never live; the app is not told (it
+                            // has ended the shift itself, and would only retry).
+                            Take::OffShift => {
+                                sh.metrics.off_shift(&sh.stats);
+                                Ack::Taken
+                            }
+                            Take::Ok => {
+                                match shift {
+                                    Shift::Ends => {
+                                        sh.registry.set_off_shift(self.courier, self.conn, true)
+                                    }
+                                    Shift::Starts => {
+                                        sh.registry.set_off_shift(self.courier, self.conn, false)
+                                    }
+                                    Shift::Point | Shift::Other => {}
+                                }
+                                if sh.forward(p.topic, p.payload) {
+                                    sh.metrics.forwarded(&sh.stats);
+                                }
+                                Ack::Taken
+                            }
                         };
                         (p.qos == 1).then(|| codec::puback(v, p.pkid, ack))
                     }

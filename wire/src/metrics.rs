@@ -63,9 +63,10 @@ pub const EDGE_LOGINS: &str = "edge_logins_total";
 /// wrong_courier, will, topic, retain, qos, subscribe, protocol, too_large, timeout, full, tls,
 /// websocket). Refused logins, packets and connections.
 pub const EDGE_REFUSALS: &str = "edge_refusals_total";
-/// Counter, label `result`: forwarded | rate_limited | queue_full. PUBLISH packets of phones
-/// that the courier policy allowed: handed to the bus, over the courier's rate, or dropped
-/// because the bounded queue to the bus was full.
+/// Counter, label `result`: forwarded | rate_limited | off_shift | queue_full. PUBLISH packets of phones
+/// that the courier policy allowed: handed to the bus, over the courier's rate, a point of a
+/// courier off shift (after his own `offline`), or dropped because the bounded queue to the bus
+/// was full.
 pub const EDGE_MESSAGES: &str = "edge_messages_total";
 /// Counter: Last Wills the edge published for phones gone without DISCONNECT (or expired).
 pub const EDGE_WILLS: &str = "edge_wills_published_total";
