@@ -582,9 +582,17 @@ fn mints(command: &Command) -> Vec<Audience> {
         Command::Run(_) | Command::Fanout(_) => vec![Audience::Viewer, Audience::Bus],
         Command::Ingest(_) | Command::HistoryWriter(_) => vec![Audience::Bus],
         // Its own connection per courier logs in at the edge with a device token; shared
-        // connections log in at the bus.
-        Command::Simulate(a) if a.connections.is_none() => vec![Audience::Courier],
-        Command::Simulate(_) => vec![Audience::Bus],
+        // connections, and watchers on the broker (orders without --orders-api), at the bus.
+        Command::Simulate(a) => {
+            let mut v = Vec::new();
+            if a.connections.is_none() {
+                v.push(Audience::Courier);
+            }
+            if a.connections.is_some() || (a.orders > 0 && a.orders_api.is_none()) {
+                v.push(Audience::Bus);
+            }
+            v
+        }
         Command::Token(TokenCommand::Courier { .. }) => vec![Audience::Courier],
         Command::Token(TokenCommand::Trail { .. }) => vec![Audience::Trail],
         Command::Token(TokenCommand::Bus { .. }) => vec![Audience::Bus],
@@ -629,5 +637,38 @@ async fn signals(shutdown: CancellationToken) {
             std::process::exit(130);
         }
         shutdown.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mints_of(args: &str) -> Vec<Audience> {
+        let cli = Cli::try_parse_from(args.split(' ')).unwrap();
+        mints(&cli.command)
+    }
+
+    /// Each command reads the private keys of what it mints and no others: the edge and the
+    /// bus none; a per-courier simulator the courier key, and the bus key only when it also
+    /// watches orders on the bus (the demo's watchers were refused when it did not).
+    #[test]
+    fn each_command_reads_only_the_keys_it_mints_with() {
+        use Audience::*;
+        assert_eq!(mints_of("cp edge"), []);
+        assert_eq!(mints_of("cp broker"), []);
+        assert_eq!(mints_of("cp run"), [Viewer, Bus]);
+        assert_eq!(mints_of("cp ingest"), [Bus]);
+        assert_eq!(mints_of("cp token trail --actor a"), [Trail]);
+        assert_eq!(mints_of("cp simulate --couriers 5"), [Courier]);
+        assert_eq!(
+            mints_of("cp simulate --couriers 5 --orders 2"),
+            [Courier, Bus]
+        );
+        assert_eq!(
+            mints_of("cp simulate --couriers 5 --orders 2 --orders-api http://x"),
+            [Courier]
+        );
+        assert_eq!(mints_of("cp simulate --couriers 5 --connections 2"), [Bus]);
     }
 }

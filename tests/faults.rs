@@ -911,7 +911,7 @@ async fn the_gateway_and_dispatch_work_again_after_a_redis_restart() {
     let _ = redis.wait();
 }
 
-/// A single history writer restarted (no other member in its group): with a persistent
+/// A single history writer away for 3 s (no other member in its group): with a persistent
 /// session (`history.session`) Mosquitto keeps what arrives meanwhile (`queue_qos0_messages
 /// true`, and `max_queued_messages` above the window: the test's broker allows 1,000,000) and
 /// hands it over; PostgreSQL gets one row per point, or all but what was on the old connection
@@ -935,7 +935,9 @@ async fn a_single_history_writer_restarted_keeps_its_window_in_a_persistent_sess
         let run = tokio::spawn(sim.run(CancellationToken::new(), |_| {}));
         tokio::time::sleep(Duration::from_secs_f64(seconds / 3.0)).await;
         stop_role("history a", a_stop, a_task).await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Away for 3 s: 6,000 points at the default rate, all lost without a session.
+        let away = Duration::from_secs(3);
+        tokio::time::sleep(away).await;
         let (b, b_stop, b_task) = history_writer_in(bus, &schema.url, &keys, Some(&session)).await;
         run.await.unwrap().unwrap();
         let sent = sim_stats.sent.load(Relaxed);
@@ -952,10 +954,14 @@ async fn a_single_history_writer_restarted_keeps_its_window_in_a_persistent_sess
             "ledger [{kind:?}: a single history writer restarted, persistent session]: sent {sent} = rows {rows} + unexplained {}",
             sent as i64 - rows
         );
+        // What was on the old connection when it closed is lost (QoS 0): a few points on a quiet
+        // box, up to about 0.6 s of traffic when the writer lagged behind a loaded one. Far less
+        // than the window away.
         let lost = sent as i64 - rows;
+        let bound = (rate * away.as_secs_f64() / 3.0) as i64;
         assert!(
-            (0..=20).contains(&lost),
-            "{kind:?}: {lost} rows lost (at most a few: what was on the old connection)"
+            (0..=bound).contains(&lost),
+            "{kind:?}: {lost} rows lost (at most {bound}: what was on the old connection)"
         );
         schema.drop().await;
         cleanup_all(&keys).await;
