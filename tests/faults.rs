@@ -551,6 +551,32 @@ struct RunPorts {
     ws: SocketAddr,
 }
 
+impl RunPorts {
+    fn free() -> Self {
+        RunPorts {
+            bus: free_addr(),
+            edge: free_addr(),
+            metrics: free_addr(),
+            http: free_addr(),
+            ws: free_addr(),
+        }
+    }
+}
+
+/// A directory with `run.toml` for `run` processes of one test: its key prefix, and history
+/// batches of at most 100 ms (the ledger is read soon after the load stops).
+fn run_config(prefix: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("run-{:x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("run.toml");
+    std::fs::write(
+        &conf,
+        format!("[redis]\nkey_prefix = \"{prefix}\"\n[history]\nbatch_max_age = \"100ms\"\n"),
+    )
+    .unwrap();
+    (dir, conf)
+}
+
 fn run_process(p: &RunPorts, conf: &std::path::Path, database_url: &str) -> Child {
     run_on_bus(p, conf, database_url, None)
 }
@@ -615,24 +641,11 @@ async fn run_killed_under_load_comes_back_and_history_keeps_what_was_committed()
     let _serial = SERIAL.lock().await;
     let seconds = knob("FAULT_SECONDS", 10.0);
     let couriers = 500usize;
-    let ports = RunPorts {
-        bus: free_addr(),
-        edge: free_addr(),
-        metrics: free_addr(),
-        http: free_addr(),
-        ws: free_addr(),
-    };
+    let ports = RunPorts::free();
     let schema = pg_schema().await;
     let prefix = prefix();
     let keys = Keys::with_prefix(&prefix);
-    let dir = std::env::temp_dir().join(format!("kill-{:x}", rand::random::<u64>()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let conf = dir.join("run.toml");
-    std::fs::write(
-        &conf,
-        format!("[redis]\nkey_prefix = \"{prefix}\"\n[history]\nbatch_max_age = \"100ms\"\n"),
-    )
-    .unwrap();
+    let (dir, conf) = run_config(&prefix);
     let mut run = run_process(&ports, &conf, &schema.url);
     assert!(ready(ports.metrics).await, "run never got ready");
 
@@ -725,22 +738,8 @@ async fn two_nodes_on_one_bus_split_the_load_and_count_nothing_twice() {
     let schema = pg_schema().await;
     let prefix = prefix();
     let keys = Keys::with_prefix(&prefix);
-    let dir = std::env::temp_dir().join(format!("nodes-{:x}", rand::random::<u64>()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let conf = dir.join("run.toml");
-    std::fs::write(
-        &conf,
-        format!("[redis]\nkey_prefix = \"{prefix}\"\n[history]\nbatch_max_age = \"100ms\"\n"),
-    )
-    .unwrap();
-    let node = || RunPorts {
-        bus: free_addr(),
-        edge: free_addr(),
-        metrics: free_addr(),
-        http: free_addr(),
-        ws: free_addr(),
-    };
-    let (n1, n2) = (node(), node());
+    let (dir, conf) = run_config(&prefix);
+    let (n1, n2) = (RunPorts::free(), RunPorts::free());
     let mut procs = vec![
         run_on_bus(&n1, &conf, &schema.url, Some(&bus.endpoint)),
         run_on_bus(&n2, &conf, &schema.url, Some(&bus.endpoint)),
