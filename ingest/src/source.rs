@@ -31,7 +31,10 @@ pub(crate) async fn receive(
     // After `stop`: the UNSUBACKs still awaited, and how long to wait for them. Points keep
     // going into the queue until the broker has taken every UNSUBSCRIBE (it may route more
     // to this worker until then: a rolling restart dropped them), then the queue closes.
-    let mut draining: Option<(usize, tokio::time::Instant)> = None;
+    let mut draining: Option<usize> = None;
+    // Armed at `stop`; one timer for the whole loop, not one built per message.
+    let drain_deadline = tokio::time::sleep(Duration::from_secs(365 * 24 * 3600));
+    tokio::pin!(drain_deadline);
     let mut received = 0u64;
     let mut dropped = 0u64;
     let mut flush = tokio::time::interval(Duration::from_millis(200));
@@ -41,9 +44,10 @@ pub(crate) async fn receive(
             _ = done.cancelled() => break,
             _ = stop.cancelled(), if draining.is_none() && tx.is_some() => {
                 sub.stop();
-                draining = Some((unsubscribes, tokio::time::Instant::now() + Duration::from_secs(1)));
+                draining = Some(unsubscribes);
+                drain_deadline.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(1));
             }
-            _ = tokio::time::sleep_until(draining.map_or_else(tokio::time::Instant::now, |d| d.1)), if draining.is_some() && tx.is_some() => {
+            _ = &mut drain_deadline, if draining.is_some() && tx.is_some() => {
                 tracing::warn!("no UNSUBACK within 1 s of stopping; closing the queue");
                 tx = None;
             }
@@ -68,7 +72,7 @@ pub(crate) async fn receive(
                     stats.subscriptions_acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 Polled::Unsubscribed => {
-                    if let Some((left, _)) = draining.as_mut() {
+                    if let Some(left) = draining.as_mut() {
                         *left = left.saturating_sub(1);
                         if *left == 0 {
                             tx = None;
