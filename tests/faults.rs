@@ -11,12 +11,13 @@
 mod common;
 mod support;
 
+use common::Proc;
 use courier_wire::{Keys, MqttEndpoint};
 use ingest::Stats;
 use simulator::watchers::{Assigner, Viewer};
 use simulator::{Profile, SimConfig, SimStats, Simulator};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -117,7 +118,7 @@ impl Ledger {
 
 /// `courier-pipeline broker` as its own process (anonymous: this test is about faults, not
 /// logins), listening on `addr`.
-fn broker_process(addr: SocketAddr) -> Child {
+fn broker_process(addr: SocketAddr) -> Proc {
     let child = Command::new(BIN)
         .arg("broker")
         .env_remove("MQTT_URL")
@@ -135,7 +136,17 @@ fn broker_process(addr: SocketAddr) -> Child {
         assert!(Instant::now() < deadline, "broker did not listen on {addr}");
         std::thread::sleep(Duration::from_millis(20));
     }
-    child
+    Proc {
+        name: "broker",
+        child,
+    }
+}
+
+/// Kills a process as a crash does (SIGKILL) and reaps it. Every process of these tests is a
+/// `Proc`, so one a failing test leaves behind is stopped when it is dropped.
+fn sigkill(p: &mut Proc) {
+    let _ = p.child.kill();
+    let _ = p.child.wait();
 }
 
 /// Waits until ingest has judged everything it will (no change for half a second).
@@ -174,7 +185,10 @@ async fn broker_restart(kind: BrokerKind) {
     std::fs::create_dir_all(&dir).unwrap();
     let start = || match kind {
         BrokerKind::Embedded => broker_process(addr),
-        BrokerKind::Mosquitto => mosquitto_child(addr, &dir),
+        BrokerKind::Mosquitto => Proc {
+            name: "mosquitto",
+            child: mosquitto_child(addr, &dir),
+        },
     };
     let mut broker = start();
     let bus = TestBroker::external_view(MqttEndpoint::new("127.0.0.1", addr.port()));
@@ -185,8 +199,7 @@ async fn broker_restart(kind: BrokerKind) {
     let run = tokio::spawn(sim.run(CancellationToken::new(), |_| {}));
 
     tokio::time::sleep(Duration::from_secs_f64(seconds / 4.0)).await;
-    let _ = broker.kill();
-    let _ = broker.wait();
+    sigkill(&mut broker);
     let killed_at = sim_stats.sent.load(Relaxed);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut broker = start();
@@ -246,21 +259,20 @@ async fn broker_restart(kind: BrokerKind) {
         "lost {lost}: more than a quarter second of traffic, or than the {gap_written} written in the gap"
     );
     assert_eq!(l.queue_dropped + l.errors, 0);
-    let _ = broker.kill();
-    let _ = broker.wait();
+    sigkill(&mut broker);
     ingest.stop().await;
     cleanup_all(&keys).await;
     let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A Redis of its own, started on `port` with no persistence.
-fn redis_process(port: u16) -> Child {
+fn redis_process(port: u16) -> Proc {
     redis_with(port, None)
 }
 
 /// A Redis on `port`; with `aof`, an append-only file in that directory, fsynced every
 /// second (the Redis default), read back at start.
-fn redis_with(port: u16, aof: Option<&std::path::Path>) -> Child {
+fn redis_with(port: u16, aof: Option<&std::path::Path>) -> Proc {
     let mut cmd = Command::new("redis-server");
     cmd.args([
         "--port",
@@ -284,7 +296,10 @@ fn redis_with(port: u16, aof: Option<&std::path::Path>) -> Child {
         assert!(Instant::now() < deadline, "redis did not listen on {port}");
         std::thread::sleep(Duration::from_millis(20));
     }
-    child
+    Proc {
+        name: "redis",
+        child,
+    }
 }
 
 async fn live_count(url: &str, keys: &Keys) -> Option<u64> {
@@ -335,8 +350,7 @@ async fn redis_restart(aof: bool) {
     tokio::time::sleep(Duration::from_secs_f64(seconds / 4.0)).await;
     assert_eq!(live_count(&url, &keys).await, Some(couriers));
     let down = Duration::from_secs_f64(knob("FAULT_REDIS_DOWN", 3.0));
-    let _ = redis.kill();
-    let _ = redis.wait();
+    sigkill(&mut redis);
     tokio::time::sleep(down).await;
     let mut redis = redis_with(port, aof_dir);
     let back = Instant::now();
@@ -374,8 +388,7 @@ async fn redis_restart(aof: bool) {
         interval.as_secs_f64()
     );
     ingest.stop().await;
-    let _ = redis.kill();
-    let _ = redis.wait();
+    sigkill(&mut redis);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -577,7 +590,7 @@ fn run_config(prefix: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     (dir, conf)
 }
 
-fn run_process(p: &RunPorts, conf: &std::path::Path, database_url: &str) -> Child {
+fn run_process(p: &RunPorts, conf: &std::path::Path, database_url: &str) -> Proc {
     run_on_bus(p, conf, database_url, None)
 }
 
@@ -587,7 +600,7 @@ fn run_on_bus(
     conf: &std::path::Path,
     database_url: &str,
     bus: Option<&MqttEndpoint>,
-) -> Child {
+) -> Proc {
     let mut cmd = Command::new(BIN);
     with_test_keys(&mut cmd)
         .args(["--config", conf.to_str().unwrap(), "run"])
@@ -605,7 +618,10 @@ fn run_on_bus(
     if let Some(b) = bus {
         cmd.env("MQTT_URL", format!("mqtt://{}:{}", b.host, b.port));
     }
-    cmd.spawn().unwrap()
+    Proc {
+        name: "run",
+        child: cmd.spawn().unwrap(),
+    }
 }
 
 async fn ready(metrics: SocketAddr) -> bool {
@@ -671,8 +687,7 @@ async fn run_killed_under_load_comes_back_and_history_keeps_what_was_committed()
             .map(|r| r.get::<_, i64>(0))
             .unwrap_or(0)
     };
-    let _ = run.kill();
-    let _ = run.wait();
+    sigkill(&mut run);
     let committed = rows().await;
     let killed_at = courier_wire::clock::unix_now();
     assert!(committed > 0, "nothing written before the kill");
@@ -720,8 +735,7 @@ async fn run_killed_under_load_comes_back_and_history_keeps_what_was_committed()
         .query_async(&mut r)
         .await
         .unwrap();
-    let _ = run.kill();
-    let _ = run.wait();
+    sigkill(&mut run);
     schema.drop().await;
     cleanup_all(&keys).await;
     let _ = std::fs::remove_dir_all(dir);
@@ -781,8 +795,7 @@ async fn two_nodes_on_one_bus_split_the_load_and_count_nothing_twice() {
          rows {rows}; live index {live} of {couriers} couriers"
     );
     for p in &mut procs {
-        let _ = p.kill();
-        let _ = p.wait();
+        sigkill(p);
     }
     assert!(a1 > 0 && a2 > 0, "one node took no points: {a1} / {a2}");
     assert_eq!(a1 + a2, sent, "points lost or accepted twice");
@@ -813,8 +826,7 @@ async fn the_gateway_and_dispatch_work_again_after_a_redis_restart() {
         .await
         .unwrap();
 
-    let _ = redis.kill();
-    let _ = redis.wait();
+    sigkill(&mut redis);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut redis = redis_process(port);
 
@@ -906,8 +918,7 @@ async fn the_gateway_and_dispatch_work_again_after_a_redis_restart() {
     assert_eq!(found.couriers[0].id, "k1");
     f.stop().await;
     ingest.stop().await;
-    let _ = redis.kill();
-    let _ = redis.wait();
+    sigkill(&mut redis);
 }
 
 /// A single history writer away for 3 s (no other member in its group): with a persistent
