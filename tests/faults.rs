@@ -149,6 +149,16 @@ fn sigkill(p: &mut Proc) {
     let _ = p.child.wait();
 }
 
+/// Rows in the history of the schema at `url`.
+async fn rows(url: &str) -> i64 {
+    pg_connect(url)
+        .await
+        .query_one("SELECT count(*) FROM courier_points", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
 /// Waits until ingest has judged everything it will (no change for half a second).
 async fn settle(ingest: &Stats) {
     let mut last = (u64::MAX, Instant::now());
@@ -534,12 +544,7 @@ async fn a_rolling_restart_of_a_history_writer_loses_no_row() {
     wait_until(Duration::from_secs(15), || written() >= sent).await;
     stop_role("history b", b_stop, b_task).await;
     stop_role("history c", c_stop, c_task).await;
-    let rows: i64 = pg_connect(&schema.url)
-        .await
-        .query_one("SELECT count(*) FROM courier_points", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let rows = rows(&schema.url).await;
     let dropped: u64 = [&a, &b, &c]
         .iter()
         .flat_map(|s| s.dropped_by_reason.iter().map(|d| d.load(Relaxed)))
@@ -679,14 +684,7 @@ async fn run_killed_under_load_comes_back_and_history_keeps_what_was_committed()
     let load_run = tokio::spawn(sim.run(CancellationToken::new(), |_| {}));
     tokio::time::sleep(Duration::from_secs_f64(seconds / 3.0)).await;
 
-    let rows = || async {
-        pg_connect(&schema.url)
-            .await
-            .query_one("SELECT count(*) FROM courier_points", &[])
-            .await
-            .map(|r| r.get::<_, i64>(0))
-            .unwrap_or(0)
-    };
+    let rows = || rows(&schema.url);
     sigkill(&mut run);
     let committed = rows().await;
     let killed_at = courier_wire::clock::unix_now();
@@ -771,14 +769,7 @@ async fn two_nodes_on_one_bus_split_the_load_and_count_nothing_twice() {
             .and_then(|t| common::metric(&t, "ingest_points_total", Some("result=\"accepted\"")))
             .unwrap_or(0.0) as u64
     };
-    let rows = || async {
-        pg_connect(&schema.url)
-            .await
-            .query_one("SELECT count(*) FROM courier_points", &[])
-            .await
-            .map(|r| r.get::<_, i64>(0) as u64)
-            .unwrap_or(0)
-    };
+    let rows = || async { rows(&schema.url).await as u64 };
     wait_until_async(Duration::from_secs(15), || async {
         accepted(&n1) + accepted(&n2) >= sent && rows().await >= sent
     })
@@ -954,12 +945,7 @@ async fn a_single_history_writer_restarted_keeps_its_window_in_a_persistent_sess
         let written = || a.written.load(Relaxed) + b.written.load(Relaxed);
         wait_until(Duration::from_secs(5), || written() >= sent).await;
         stop_role("history b", b_stop, b_task).await;
-        let rows: i64 = pg_connect(&schema.url)
-            .await
-            .query_one("SELECT count(*) FROM courier_points", &[])
-            .await
-            .unwrap()
-            .get(0);
+        let rows = rows(&schema.url).await;
         println!(
             "ledger [{kind:?}: a single history writer restarted, persistent session]: sent {sent} = rows {rows} + unexplained {}",
             sent as i64 - rows

@@ -287,13 +287,11 @@ async fn token_inner(
         ));
     }
     let now = courier_wire::clock::unix_now() as u64;
-    let exp = now + api.token_ttl.as_secs();
-    let token = api
-        .signer
-        .sign(&Claims::viewer(viewer, order, now, api.token_ttl.as_secs()));
+    let claims = Claims::viewer(viewer, order, now, api.token_ttl.as_secs());
+    let token = api.signer.sign(&claims);
     Ok(Json(json!({
         "token": token,
-        "expires_at": exp,
+        "expires_at": claims.exp,
         "topic": courier_wire::track_topic(order),
         "ws_url": api.ws_url,
         "subprotocol": crate::SUBPROTOCOL,
