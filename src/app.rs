@@ -29,6 +29,8 @@ pub enum Role {
     Fanout,
     /// The MQTT edge phones log in to (EDGE_LISTEN ...), forwarding to the bus.
     Edge,
+    /// Order events: the relay into the outbox, webhook delivery, the webhooks API.
+    Notify,
 }
 
 impl Role {
@@ -52,6 +54,8 @@ pub enum AppError {
     Fanout(#[from] FanoutError),
     #[error(transparent)]
     Edge(#[from] edge::EdgeError),
+    #[error("notify: {0}")]
+    Notify(#[from] notify::NotifyError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         what: &'static str,
@@ -266,6 +270,32 @@ pub async fn run(
             (_, false) => {
                 return Err(FanoutError::Config(
                     "SERVICE_KEY is required by the fanout role".into(),
+                )
+                .into())
+            }
+        }
+    }
+    if role.runs(Role::Notify) {
+        match &config.fanout.service_key {
+            Some(key) => {
+                let n = notify::Notify {
+                    config: config.notify.clone(),
+                    redis_url: config.redis_url.clone(),
+                    database_url: config.database_url.clone(),
+                    keys: config.keys.clone(),
+                    stats: Arc::new(notify::Stats::default()),
+                };
+                routes.push(n.router(key.clone()));
+                tracing::info!(group = %config.notify.group, "notify (order events, webhooks) starting");
+                let stop = shutdown.clone();
+                roles.spawn(async move { Ok(n.run(stop).await?) });
+            }
+            None if role == Role::All => {
+                tracing::warn!("notify not started: set SERVICE_KEY")
+            }
+            None => {
+                return Err(notify::NotifyError::Config(
+                    "SERVICE_KEY is required by the notify role (its webhooks API)".into(),
                 )
                 .into())
             }

@@ -6,6 +6,7 @@ use edge::{EdgeConfig, EdgeSettings};
 use fanout::FanoutConfig;
 use history_writer::HistoryConfig;
 use ingest::IngestConfig;
+use notify::NotifyConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -27,6 +28,8 @@ pub struct FileConfig {
     pub fanout: FanoutConfig,
     /// The MQTT edge phones connect to (`[edge]`).
     pub edge: EdgeConfig,
+    /// Order events and their webhooks (`[notify]`, docs/events.md).
+    pub notify: NotifyConfig,
     /// How long shutdown may take (drain queues, flush the last batch) before the process exits.
     #[serde(with = "courier_wire::duration")]
     pub shutdown_grace: Duration,
@@ -45,6 +48,7 @@ impl Default for FileConfig {
             history: HistoryConfig::default(),
             fanout: FanoutConfig::default(),
             edge: EdgeConfig::default(),
+            notify: NotifyConfig::default(),
             shutdown_grace: Duration::from_secs(10),
         }
     }
@@ -240,6 +244,7 @@ pub struct Config {
     pub history: HistoryConfig,
     pub fanout: FanoutConfig,
     pub edge: EdgeSettings,
+    pub notify: NotifyConfig,
     pub shutdown_grace: Duration,
 }
 
@@ -478,6 +483,10 @@ impl FileConfig {
             err(setting, reason)
         })?;
         let edge = self.edge.validate().map_err(|e| err(e.setting, e.reason))?;
+        self.notify.validate().map_err(|e| {
+            let (setting, reason) = e.split_once(' ').unwrap_or((e.as_str(), ""));
+            err(setting, reason)
+        })?;
         Ok(Config {
             broker,
             redis_url: self.redis.url,
@@ -493,6 +502,7 @@ impl FileConfig {
             history: self.history,
             fanout: self.fanout,
             edge,
+            notify: self.notify,
             shutdown_grace: self.shutdown_grace,
         })
     }

@@ -96,6 +96,9 @@ enum Command {
     Token(TokenCommand),
     /// Orders API (HTTP_LISTEN) and viewer gateway (WS_LISTEN), against the broker at MQTT_URL.
     Fanout(RunArgs),
+    /// Order events: relays them into the PostgreSQL outbox and delivers them as signed
+    /// webhooks; the webhooks API on HTTP_LISTEN (docs/events.md). Several may run at once.
+    Notify(RunArgs),
     /// Load: couriers moving in a box, publishing points to the broker.
     Simulate(SimArgs),
     /// Exit 0 when an HTTP endpoint (e.g. http://127.0.0.1:9464/readyz) answers 200: for
@@ -306,6 +309,7 @@ fn real_main() -> anyhow::Result<()> {
             Command::Edge(a) => (Role::Edge, a),
             Command::HistoryWriter(a) => (Role::History, a),
             Command::Fanout(a) => (Role::Fanout, a),
+            Command::Notify(a) => (Role::Notify, a),
             Command::Migrate => return migrate(&config.database_url).await,
             Command::Token(TokenCommand::Trail { actor, ttl }) => {
                 anyhow::ensure!(
@@ -597,6 +601,7 @@ fn mints(command: &Command) -> Vec<Audience> {
         Command::Token(TokenCommand::Trail { .. }) => vec![Audience::Trail],
         Command::Token(TokenCommand::Bus { .. }) => vec![Audience::Bus],
         Command::Broker(_)
+        | Command::Notify(_)
         | Command::Edge(_)
         | Command::Migrate
         | Command::Health { .. }

@@ -37,6 +37,10 @@ pub struct FanoutConfig {
     /// How long an idempotency record of an order event is kept.
     #[serde(with = "courier_wire::duration")]
     pub idempotency_ttl: Duration,
+    /// Order events (`order.assigned`, ...) the Redis events stream holds for the notify role
+    /// at most; past it new events are counted (`notify_events_dropped_total`), not written.
+    /// `0` writes no events (no notify role deployed).
+    pub events_stream_max: u64,
 }
 
 impl std::fmt::Debug for FanoutConfig {
@@ -53,6 +57,7 @@ impl std::fmt::Debug for FanoutConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("max_packet_bytes", &self.max_packet_bytes)
             .field("idempotency_ttl", &self.idempotency_ttl)
+            .field("events_stream_max", &self.events_stream_max)
             .finish()
     }
 }
@@ -70,6 +75,7 @@ impl Default for FanoutConfig {
             connect_timeout: Duration::from_secs(5),
             max_packet_bytes: 4096,
             idempotency_ttl: Duration::from_secs(24 * 3600),
+            events_stream_max: 100_000,
         }
     }
 }

@@ -106,6 +106,7 @@ impl Fanout {
             self.config.idempotency_ttl,
             hub.clone(),
             self.stats.clone(),
+            self.config.events_stream_max,
         ));
         let gateway = Arc::new(gateway::Gateway {
             hub,

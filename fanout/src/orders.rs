@@ -1,14 +1,18 @@
 //! The orders API, called by the order service (and the courier app's events) with the
 //! service key:
 //!
-//! - `POST /orders/{order}/assign` `{"courier_id"}`: the courier now carries the order.
+//! - `POST /orders/{order}/assign` `{"courier_id", "tenant"?}`: the courier now carries the
+//!   order; `tenant` (default `default`) names the order service whose webhook endpoints get
+//!   the order's events.
 //! - `POST /orders/{order}/tracking-token` `{"viewer":"customer"|"restaurant"}`: a short-lived
 //!   token for this order only, with the topic and the WebSocket URL.
 //! - `POST /orders/{order}/events` + `Idempotency-Key`: `picked_up`, `delivered`. A replay of
 //!   the key returns the first answer and does nothing again; the key with another body is
 //!   refused (422). `delivered` ends the order everywhere.
 //!
-//! State lives in Redis (two Lua scripts), so every process answers alike.
+//! State lives in Redis (two Lua scripts), so every process answers alike. Each script also
+//! writes the event it causes (`order.assigned`, `order.picked_up`, `order.delivered`) to the
+//! bounded events stream in the same call (`emit.lua`), for the notify role to deliver.
 
 use crate::events::{order_event, Stats};
 use crate::hub::Hub;
@@ -27,8 +31,8 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
-const ASSIGN_LUA: &str = include_str!("assign.lua");
-const EVENT_LUA: &str = include_str!("event.lua");
+const ASSIGN_LUA: &str = concat!(include_str!("emit.lua"), include_str!("assign.lua"));
+const EVENT_LUA: &str = concat!(include_str!("emit.lua"), include_str!("event.lua"));
 
 /// What the handlers share.
 pub(crate) struct OrdersApi {
@@ -42,6 +46,8 @@ pub(crate) struct OrdersApi {
     pub idempotency_ttl: Duration,
     pub hub: Arc<Hub>,
     pub stats: Arc<Stats>,
+    /// Cap of the events stream (0: no events written).
+    pub events_cap: u64,
     assign: Script,
     event: Script,
 }
@@ -58,6 +64,7 @@ impl OrdersApi {
         idempotency_ttl: Duration,
         hub: Arc<Hub>,
         stats: Arc<Stats>,
+        events_cap: u64,
     ) -> Self {
         OrdersApi {
             redis,
@@ -69,6 +76,7 @@ impl OrdersApi {
             idempotency_ttl,
             hub,
             stats,
+            events_cap,
             assign: Script::new(ASSIGN_LUA),
             event: Script::new(EVENT_LUA),
         }
@@ -222,14 +230,31 @@ async fn assign_inner(
             "courier ids are 1-64 of [A-Za-z0-9._:-]",
         ));
     }
+    let tenant = match m.get("tenant") {
+        None => "default",
+        Some(Value::String(t)) if valid_id(t) => t.as_str(),
+        Some(_) => {
+            return Err(fail(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "tenant ids are 1-64 of [A-Za-z0-9._:-]",
+            ))
+        }
+    };
     let mut conn = api.redis.clone();
     let outcome: String = api
         .assign
         .key(&api.keys.order_courier)
         .key(&api.keys.order)
         .key(&api.keys.orders_ended)
+        .key(&api.keys.order_tenant)
+        .key(&api.keys.events)
+        .key(&api.keys.events_dropped)
         .arg(order)
         .arg(courier)
+        .arg(tenant)
+        .arg(api.events_cap)
+        .arg(courier_wire::clock::unix_now())
         .invoke_async(&mut conn)
         .await
         .map_err(redis_failed)?;
@@ -377,6 +402,9 @@ async fn event_inner(
         .key(&api.keys.order_courier)
         .key(&api.keys.order)
         .key(&api.keys.orders_ended)
+        .key(&api.keys.order_tenant)
+        .key(&api.keys.events)
+        .key(&api.keys.events_dropped)
         .arg(order)
         .arg(event)
         .arg(&fingerprint)
@@ -385,6 +413,7 @@ async fn event_inner(
         .arg(api.token_ttl.as_secs().max(60))
         .arg(&api.keys.orders_ended_channel)
         .arg(&answer)
+        .arg(api.events_cap)
         .invoke_async(&mut conn)
         .await
         .map_err(redis_failed)?;

@@ -32,6 +32,14 @@ pub const MIGRATIONS: &[Migration] = &[
             "/../sql/0002_trail_access_log.sql"
         )),
     },
+    Migration {
+        version: 3,
+        name: "order_events",
+        sql: include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../sql/0003_order_events.sql"
+        )),
+    },
 ];
 
 /// Applies the missing migrations in one transaction; returns the versions it applied.

@@ -25,6 +25,12 @@ pub struct Keys {
     /// Prefix of the batch script's records: `<this><batch id>` holds one batch's verdicts for
     /// 30 s, so a batch retried after a timeout gets the verdicts of its first run.
     pub batch_record: String,
+    /// STREAM: order events waiting for the notify relay (bounded: see `events_dropped`).
+    pub events: String,
+    /// Counter (string): order events not written because `events` held its cap.
+    pub events_dropped: String,
+    /// HASH: order id -> tenant (the order service that assigned it) while the order runs.
+    pub order_tenant: String,
 }
 
 impl Keys {
@@ -39,6 +45,9 @@ impl Keys {
             order_event_idem: format!("{prefix}order:event:"),
             orders_ended_channel: format!("{prefix}orders:ended:channel"),
             batch_record: format!("{prefix}ingest:batch:"),
+            events: format!("{prefix}events"),
+            events_dropped: format!("{prefix}events:dropped"),
+            order_tenant: format!("{prefix}order:tenant"),
         }
     }
 }
@@ -76,6 +85,10 @@ mod tests {
             &k.orders_ended,
             &k.order_event_idem,
             &k.orders_ended_channel,
+            &k.batch_record,
+            &k.events,
+            &k.events_dropped,
+            &k.order_tenant,
         ] {
             assert!(key.starts_with("{riyadh}:"), "{key}");
         }

@@ -108,6 +108,32 @@ pub const TRAIL_REQUESTS: &str = "trail_requests_total";
 /// requests refused for their token (the caller is told only "401").
 pub const TRAIL_TOKEN_REFUSALS: &str = "trail_token_refusals_total";
 
+/// Counter, labels `kind` (order.assigned | order.picked_up | order.delivered | other) and
+/// `result`: recorded (a new outbox row) | duplicate (already recorded: a relay retry) |
+/// invalid (a stream entry missing fields; dropped). Events the relay moved to the outbox.
+pub const NOTIFY_EVENTS: &str = "notify_events_total";
+/// Counter: order events not written to the Redis events stream because it held
+/// `fanout.events_stream_max` (the relay down or behind). Read from Redis by the relay.
+pub const NOTIFY_EVENTS_DROPPED: &str = "notify_events_dropped_total";
+/// Gauge: events waiting in the Redis events stream.
+pub const NOTIFY_STREAM_LENGTH: &str = "notify_stream_length";
+/// Counter, label `result`: delivered | retry (failed, tried again later) | dead (failed, given
+/// up: dead-letter list). Webhook attempts.
+pub const NOTIFY_DELIVERIES: &str = "notify_deliveries_total";
+/// Histogram, seconds: one webhook attempt (connect, send, answer).
+pub const NOTIFY_ATTEMPT_SECONDS: &str = "notify_attempt_seconds";
+/// Gauge: webhook deliveries not yet delivered nor dead (all processes).
+pub const NOTIFY_PENDING: &str = "notify_deliveries_pending";
+/// Gauge, seconds: age of the oldest pending delivery since its event was recorded (retry age).
+pub const NOTIFY_OLDEST_PENDING_SECONDS: &str = "notify_oldest_pending_seconds";
+/// Gauge: dead letters kept (replayable).
+pub const NOTIFY_DEAD_LETTERS: &str = "notify_dead_letters";
+/// Gauge: webhook endpoints whose circuit breaker is open.
+pub const NOTIFY_BREAKERS_OPEN: &str = "notify_breakers_open";
+/// Counter, label `result`: ok | unauthorized | bad_request | not_found | error. Webhooks API
+/// requests.
+pub const NOTIFY_API_REQUESTS: &str = "notify_api_requests_total";
+
 /// Histogram buckets for the batch script round trip and phone lag (seconds).
 pub const SECONDS_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -165,6 +191,16 @@ pub const ALL: &[&str] = &[
     HISTORY_COPY_ERRORS,
     TRAIL_REQUESTS,
     TRAIL_TOKEN_REFUSALS,
+    NOTIFY_EVENTS,
+    NOTIFY_EVENTS_DROPPED,
+    NOTIFY_STREAM_LENGTH,
+    NOTIFY_DELIVERIES,
+    NOTIFY_ATTEMPT_SECONDS,
+    NOTIFY_PENDING,
+    NOTIFY_OLDEST_PENDING_SECONDS,
+    NOTIFY_DEAD_LETTERS,
+    NOTIFY_BREAKERS_OPEN,
+    NOTIFY_API_REQUESTS,
 ];
 
 #[cfg(test)]

@@ -1,0 +1,315 @@
+//! The webhooks API, for the order service, with the service key (`SERVICE_KEY`, as the orders
+//! API). Every call names its tenant, and sees and changes only that tenant's endpoints.
+//!
+//! - `POST /webhooks/endpoints` `{"tenant", "url", "kinds": [...]}` -> 201 `{"id", "secret", ...}`:
+//!   the secret (`whsec_...`) is shown here only;
+//! - `GET /webhooks/endpoints?tenant=` -> the tenant's endpoints (breaker state, no secrets);
+//! - `DELETE /webhooks/endpoints/{id}?tenant=` -> 204: no more deliveries to it;
+//! - `GET /webhooks/dead-letters?tenant=&limit=` -> deliveries given up on, newest first;
+//! - `POST /webhooks/dead-letters/{id}/replay?tenant=` -> 202: in line again, as new.
+
+use crate::events::{self, KINDS};
+use crate::outbox;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+use std::sync::Arc;
+use tokio::sync::Mutex;
+
+/// What the handlers share.
+pub(crate) struct Api {
+    pub database_url: String,
+    pub service_key: String,
+    db: Mutex<Option<Arc<tokio_postgres::Client>>>,
+}
+
+impl Api {
+    pub(crate) fn new(database_url: String, service_key: String) -> Self {
+        Api {
+            database_url,
+            service_key,
+            db: Mutex::new(None),
+        }
+    }
+
+    /// The shared client (queries of concurrent requests pipeline on it), reconnected when
+    /// closed.
+    async fn db(&self) -> Result<Arc<tokio_postgres::Client>, Refused> {
+        let mut slot = self.db.lock().await;
+        if let Some(c) = slot.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        let mut c =
+            history_writer::sink::connect(&self.database_url, "courier-pipeline webhooks api")
+                .await
+                .map_err(storage)?;
+        history_writer::migrate(&mut c).await.map_err(storage)?;
+        let c = Arc::new(c);
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+}
+
+pub(crate) fn router(api: Arc<Api>) -> Router {
+    Router::new()
+        .route("/webhooks/endpoints", post(create).get(list))
+        .route("/webhooks/endpoints/{id}", delete(disable))
+        .route("/webhooks/dead-letters", get(dead_letters))
+        .route("/webhooks/dead-letters/{id}/replay", post(replay))
+        .layer(axum::extract::DefaultBodyLimit::max(8 * 1024))
+        .with_state(api)
+}
+
+/// A refused call: status, metric label, message.
+#[derive(Debug)]
+pub(crate) struct Refused(StatusCode, &'static str, String);
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        events::api(self.1);
+        let mut r = (self.0, Json(json!({ "error": self.2 }))).into_response();
+        if self.0 == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        r
+    }
+}
+
+fn bad(msg: impl Into<String>) -> Refused {
+    Refused(StatusCode::BAD_REQUEST, "bad_request", msg.into())
+}
+
+fn storage(e: impl std::fmt::Display) -> Refused {
+    tracing::warn!(error = %e, "webhooks API: postgres call failed");
+    Refused(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "error",
+        "storage unavailable, retry later".into(),
+    )
+}
+
+fn ok(status: StatusCode, body: serde_json::Value) -> Response {
+    events::api("ok");
+    (status, Json(body)).into_response()
+}
+
+fn check_key(api: &Api, headers: &HeaderMap) -> Result<(), Refused> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, rest) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(rest.trim())
+        });
+    let same = |a: &[u8], b: &[u8]| {
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    };
+    match presented {
+        Some(k) if same(k.as_bytes(), api.service_key.as_bytes()) => Ok(()),
+        _ => Err(Refused(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid service key is required (Authorization: Bearer)".into(),
+        )),
+    }
+}
+
+fn check_tenant(t: &str) -> Result<(), Refused> {
+    if courier_wire::topic::valid_id(t) {
+        Ok(())
+    } else {
+        Err(bad("tenant ids are 1-64 of [A-Za-z0-9._:-]"))
+    }
+}
+
+/// An endpoint URL: absolute `http`/`https` with a host, no credentials, at most 2 KiB.
+pub fn check_url(url: &str) -> Result<(), &'static str> {
+    if url.len() > 2048 {
+        return Err("url is longer than 2048 bytes");
+    }
+    let uri: Uri = url.parse().map_err(|_| "url is not a URL")?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err("url must be http:// or https://");
+    }
+    let authority = uri.authority().ok_or("url has no host")?;
+    if authority.as_str().contains('@') {
+        return Err("url must not carry credentials");
+    }
+    if authority.host().is_empty() {
+        return Err("url has no host");
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewEndpoint {
+    tenant: String,
+    url: String,
+    kinds: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct TenantQuery {
+    tenant: Option<String>,
+    limit: Option<i64>,
+}
+
+fn tenant_of(q: &TenantQuery) -> Result<&str, Refused> {
+    let t = q
+        .tenant
+        .as_deref()
+        .ok_or_else(|| bad("`tenant` is required"))?;
+    check_tenant(t)?;
+    Ok(t)
+}
+
+fn into_response(r: Result<Response, Refused>) -> Response {
+    r.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn create(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    into_response(async {
+        check_key(&api, &headers)?;
+        let e: NewEndpoint = serde_json::from_slice(&body)
+            .map_err(|e| bad(format!("body: {e} (expected {{\"tenant\", \"url\", \"kinds\": [...]}})")))?;
+        check_tenant(&e.tenant)?;
+        check_url(&e.url).map_err(bad)?;
+        if e.kinds.is_empty() {
+            return Err(bad(format!("kinds must name at least one of {KINDS:?}")));
+        }
+        if let Some(k) = e.kinds.iter().find(|k| !KINDS.contains(&k.as_str())) {
+            return Err(bad(format!("unknown kind {k:?}: one of {KINDS:?}")));
+        }
+        let secret = crate::sign::new_secret();
+        let db = api.db().await?;
+        let id = outbox::create_endpoint(&db, &e.tenant, &e.url, &e.kinds, &secret)
+            .await
+            .map_err(storage)?;
+        Ok(ok(
+            StatusCode::CREATED,
+            json!({"id": id, "tenant": e.tenant, "url": e.url, "kinds": e.kinds, "secret": secret}),
+        ))
+    }
+    .await)
+}
+
+async fn list(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Query(q): Query<TenantQuery>,
+) -> Response {
+    into_response(
+        async {
+            check_key(&api, &headers)?;
+            let tenant = tenant_of(&q)?;
+            let db = api.db().await?;
+            let list = outbox::endpoints(&db, tenant).await.map_err(storage)?;
+            Ok(ok(StatusCode::OK, json!({ "endpoints": list })))
+        }
+        .await,
+    )
+}
+
+async fn disable(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(id): Path<i64>,
+    Query(q): Query<TenantQuery>,
+) -> Response {
+    into_response(
+        async {
+            check_key(&api, &headers)?;
+            let tenant = tenant_of(&q)?;
+            let db = api.db().await?;
+            if outbox::disable_endpoint(&db, tenant, id)
+                .await
+                .map_err(storage)?
+            {
+                events::api("ok");
+                Ok(StatusCode::NO_CONTENT.into_response())
+            } else {
+                Err(Refused(
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    "no such endpoint of this tenant".into(),
+                ))
+            }
+        }
+        .await,
+    )
+}
+
+async fn dead_letters(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Query(q): Query<TenantQuery>,
+) -> Response {
+    into_response(
+        async {
+            check_key(&api, &headers)?;
+            let tenant = tenant_of(&q)?;
+            let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+            let db = api.db().await?;
+            let list = outbox::dead_letters(&db, tenant, limit)
+                .await
+                .map_err(storage)?;
+            Ok(ok(StatusCode::OK, json!({ "dead_letters": list })))
+        }
+        .await,
+    )
+}
+
+async fn replay(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(id): Path<i64>,
+    Query(q): Query<TenantQuery>,
+) -> Response {
+    into_response(
+        async {
+            check_key(&api, &headers)?;
+            let tenant = tenant_of(&q)?;
+            let db = api.db().await?;
+            if outbox::replay(&db, tenant, id).await.map_err(storage)? {
+                Ok(ok(
+                    StatusCode::ACCEPTED,
+                    json!({ "delivery_id": id, "state": "pending" }),
+                ))
+            } else {
+                Err(Refused(
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    "no such dead letter of this tenant".into(),
+                ))
+            }
+        }
+        .await,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_urls() {
+        assert!(check_url("https://hooks.example.com/courier?x=1").is_ok());
+        assert!(check_url("http://127.0.0.1:9000/").is_ok());
+        assert!(check_url("ftp://example.com/").is_err());
+        assert!(check_url("https://user:pw@example.com/").is_err());
+        assert!(check_url("/relative").is_err());
+        assert!(check_url(&format!("https://e.com/{}", "a".repeat(2100))).is_err());
+    }
+}

@@ -1,0 +1,125 @@
+//! Order events out of the pipeline (docs/events.md).
+//!
+//! ```text
+//! orders API scripts (fanout/src/emit.lua) --XADD, same atomic call as the change--> Redis events stream (bounded)
+//!   --> [source: relay, XREADGROUP + XAUTOCLAIM] --one INSERT per batch, unique dedupe key-->
+//!   PostgreSQL order_events + webhook_deliveries (the outbox) --XACK + XDEL after the commit
+//! [deliver: dispatchers, FOR UPDATE SKIP LOCKED + lease] --POST, Standard Webhooks signature-->
+//!   the tenant's endpoints; outcome stored: delivered | retry at (full jitter, Retry-After) | dead
+//! [api] the order service registers endpoints, lists and replays dead letters (SERVICE_KEY)
+//! [upkeep] gauges (pending, retry age, dead letters, open breakers) each 5 s; pruning hourly
+//! ```
+//!
+//! `retry`, `breaker`, `sign` and `source::parse` are the pure core; `source` (Redis),
+//! `outbox` (PostgreSQL), `deliver` (HTTP) and `api` are the edges; `events` counts. Every
+//! part is safe to run in several processes at once.
+
+pub mod api;
+pub mod breaker;
+pub mod config;
+pub mod deliver;
+pub mod error;
+pub mod events;
+pub mod outbox;
+pub mod retry;
+pub mod sign;
+pub mod source;
+
+pub use config::NotifyConfig;
+pub use error::NotifyError;
+pub use events::Stats;
+
+use courier_wire::Keys;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// The notify role of one process: relay, dispatcher and upkeep (and the API's routes).
+pub struct Notify {
+    pub config: NotifyConfig,
+    pub redis_url: String,
+    pub database_url: String,
+    pub keys: Keys,
+    pub stats: Arc<Stats>,
+}
+
+impl Notify {
+    /// The webhooks API's routes, to be served on `HTTP_LISTEN`.
+    pub fn router(&self, service_key: String) -> axum::Router {
+        api::router(Arc::new(api::Api::new(
+            self.database_url.clone(),
+            service_key,
+        )))
+    }
+
+    /// Runs until `shutdown`: then the relay stops taking events (what it took and did not
+    /// record stays pending in Redis), and the dispatcher lets its attempts end (each within
+    /// `notify.timeout`) and stores their outcomes.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), NotifyError> {
+        self.config.validate().map_err(NotifyError::Config)?;
+        let http = deliver::http_client()
+            .map_err(|e| NotifyError::Config(format!("no TLS root certificates: {e}")))?;
+        let consumer = format!("notify-{}-{}", std::process::id(), rand::random::<u32>());
+        let relay = source::Relay {
+            redis_url: self.redis_url.clone(),
+            database_url: self.database_url.clone(),
+            keys: self.keys.clone(),
+            config: self.config.clone(),
+            stats: self.stats.clone(),
+            consumer,
+        };
+        let dispatcher = deliver::Dispatcher {
+            database_url: self.database_url.clone(),
+            config: self.config.clone(),
+            stats: self.stats.clone(),
+            http,
+        };
+        let upkeep = upkeep(
+            self.database_url.clone(),
+            self.config.clone(),
+            shutdown.clone(),
+        );
+        let (relayed, (), ()) = tokio::join!(
+            relay.run(shutdown.clone()),
+            dispatcher.run(shutdown.clone()),
+            upkeep
+        );
+        relayed
+    }
+}
+
+/// Gauges every 5 s, pruning every hour; PostgreSQL outages only skip a round.
+async fn upkeep(database_url: String, config: NotifyConfig, shutdown: CancellationToken) {
+    let mut db: Option<tokio_postgres::Client> = None;
+    let mut last_prune: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+        if db.as_ref().is_none_or(|c| c.is_closed()) {
+            db = history_writer::sink::connect(&database_url, "courier-pipeline notify upkeep")
+                .await
+                .ok();
+        }
+        let Some(c) = db.as_ref() else { continue };
+        match outbox::figures(c).await {
+            Ok((pending, oldest, dead, open)) => events::outbox(pending, oldest, dead, open),
+            Err(e) => tracing::debug!(error = %e, "notify upkeep: figures skipped"),
+        }
+        if last_prune.is_none_or(|t| t.elapsed() >= Duration::from_secs(3600)) {
+            last_prune = Some(tokio::time::Instant::now());
+            match outbox::prune(c, config.keep_delivered, config.keep_dead).await {
+                Ok((d, e)) if d + e > 0 => {
+                    tracing::info!(
+                        deliveries = d,
+                        events = e,
+                        "notify: pruned past keeping time"
+                    )
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "notify upkeep: prune failed"),
+            }
+        }
+    }
+}

@@ -1,0 +1,416 @@
+//! The outbox in PostgreSQL (`sql/0003_order_events.sql`): every statement of the notify role,
+//! in one place. Times cross the boundary as unix seconds (float8), so no date crate is needed.
+
+use crate::breaker::Breaker;
+use crate::sign::Event;
+use crate::source::StreamEvent;
+use std::time::Duration;
+use tokio_postgres::{Client, GenericClient};
+
+/// What one relay batch did to the outbox.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Recorded {
+    /// New events (their keys were not in the outbox yet).
+    pub events: u64,
+    /// Deliveries created for them (one per subscribed endpoint).
+    pub deliveries: u64,
+}
+
+/// Records events (a relay batch) and their deliveries in one statement: an event already
+/// recorded (same dedupe key: the relay handed it twice) is skipped with its deliveries. An
+/// endpoint gets the events recorded after its registration. Returns the new keys too.
+pub async fn record(
+    db: &impl GenericClient,
+    events: &[StreamEvent],
+) -> Result<(Recorded, Vec<String>), tokio_postgres::Error> {
+    if events.is_empty() {
+        return Ok((Recorded::default(), Vec::new()));
+    }
+    let col = |f: fn(&StreamEvent) -> &str| events.iter().map(f).collect::<Vec<&str>>();
+    let keys = col(|e| &e.key);
+    let kinds = col(|e| &e.kind);
+    let tenants = col(|e| &e.tenant);
+    let orders = col(|e| &e.order);
+    let couriers: Vec<Option<&str>> = events.iter().map(|e| e.courier.as_deref()).collect();
+    let at: Vec<f64> = events.iter().map(|e| e.at).collect();
+    let rows = db
+        .query(
+            "WITH ins AS (
+                 INSERT INTO order_events (dedupe_key, kind, tenant, order_id, courier_id, occurred_at)
+                 SELECT k, kd, t, o, c, to_timestamp(a)
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::float8[])
+                      AS u(k, kd, t, o, c, a)
+                 ON CONFLICT (dedupe_key) DO NOTHING
+                 RETURNING id, kind, tenant, dedupe_key),
+             d AS (
+                 INSERT INTO webhook_deliveries (event_id, endpoint_id)
+                 SELECT ins.id, e.id FROM ins JOIN webhook_endpoints e
+                   ON e.tenant = ins.tenant AND ins.kind = ANY (e.kinds) AND e.disabled_at IS NULL
+                 RETURNING 1)
+             SELECT ins.dedupe_key, (SELECT count(*) FROM d) FROM ins",
+            &[&keys, &kinds, &tenants, &orders, &couriers, &at],
+        )
+        .await?;
+    let deliveries = rows.first().map(|r| r.get::<_, i64>(1) as u64).unwrap_or(0);
+    let new: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    Ok((
+        Recorded {
+            events: new.len() as u64,
+            deliveries,
+        },
+        new,
+    ))
+}
+
+/// One delivery a dispatcher claimed.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub delivery_id: i64,
+    /// Attempts made, this one included.
+    pub attempts: u32,
+    /// Unix seconds of the first attempt (this one if it is the first).
+    pub first_attempt_at: f64,
+    pub endpoint_id: i64,
+    pub url: String,
+    pub secret: String,
+    /// The endpoint's consecutive failures before this attempt.
+    pub failures: u32,
+    pub event: Event,
+}
+
+/// Claims up to `limit` due deliveries for `lease` (another dispatcher takes them after it
+/// runs out, if this one never reports). An endpoint with an open breaker gives none; a
+/// half-open one gives one (the probe), and is held open for the lease meanwhile so that no
+/// other process probes it too. `FOR UPDATE SKIP LOCKED`: processes claiming at once get
+/// different rows.
+pub async fn claim(
+    db: &mut Client,
+    limit: usize,
+    lease: Duration,
+    breaker: &Breaker,
+) -> Result<Vec<Claimed>, tokio_postgres::Error> {
+    let tx = db.transaction().await?;
+    let rows = tx
+        .query(
+            "WITH cand AS (
+                 SELECT d.id, e.failures >= $3 AS probing,
+                        row_number() OVER (PARTITION BY d.endpoint_id ORDER BY d.next_attempt_at) AS rn
+                 FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
+                 WHERE d.state = 'pending' AND d.next_attempt_at <= now() AND e.disabled_at IS NULL
+                   AND (e.open_until IS NULL OR e.open_until <= now())),
+             due AS (
+                 SELECT d.id FROM webhook_deliveries d JOIN cand ON cand.id = d.id
+                 WHERE NOT cand.probing OR cand.rn = 1
+                 ORDER BY d.next_attempt_at LIMIT $1
+                 FOR UPDATE OF d SKIP LOCKED),
+             upd AS (
+                 UPDATE webhook_deliveries d
+                 SET attempts = d.attempts + 1, last_attempt_at = now(),
+                     first_attempt_at = coalesce(d.first_attempt_at, now()),
+                     next_attempt_at = now() + make_interval(secs => $2)
+                 FROM due WHERE d.id = due.id
+                 RETURNING d.id, d.attempts, d.first_attempt_at, d.event_id, d.endpoint_id)
+             SELECT upd.id, upd.attempts, extract(epoch FROM upd.first_attempt_at)::float8,
+                    e.id, e.url, e.secret, e.failures,
+                    ev.id, ev.kind, ev.tenant, ev.order_id, ev.courier_id,
+                    extract(epoch FROM ev.occurred_at)::float8
+             FROM upd JOIN webhook_endpoints e ON e.id = upd.endpoint_id
+                      JOIN order_events ev ON ev.id = upd.event_id",
+            &[
+                &(limit as i64),
+                &lease.as_secs_f64(),
+                &(breaker.open_after as i32),
+            ],
+        )
+        .await?;
+    let claimed: Vec<Claimed> = rows
+        .iter()
+        .map(|r| Claimed {
+            delivery_id: r.get(0),
+            attempts: r.get::<_, i32>(1) as u32,
+            first_attempt_at: r.get(2),
+            endpoint_id: r.get(3),
+            url: r.get(4),
+            secret: r.get(5),
+            failures: r.get::<_, i32>(6) as u32,
+            event: Event {
+                id: r.get(7),
+                kind: r.get(8),
+                tenant: r.get(9),
+                order_id: r.get(10),
+                courier_id: r.get(11),
+                occurred_at: r.get(12),
+            },
+        })
+        .collect();
+    let probes: Vec<i64> = claimed
+        .iter()
+        .filter(|c| breaker.probing(c.failures))
+        .map(|c| c.endpoint_id)
+        .collect();
+    if !probes.is_empty() {
+        tx.execute(
+            "UPDATE webhook_endpoints SET open_until = now() + make_interval(secs => $2)
+             WHERE id = ANY ($1)",
+            &[&probes, &lease.as_secs_f64()],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(claimed)
+}
+
+/// The end of one attempt, as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Delivered {
+        status: u16,
+    },
+    Retry {
+        after: Duration,
+        status: Option<u16>,
+        error: String,
+    },
+    Dead {
+        status: Option<u16>,
+        error: String,
+    },
+}
+
+/// Stores an attempt's outcome and the endpoint's breaker in one transaction.
+pub async fn complete(
+    db: &mut Client,
+    c: &Claimed,
+    outcome: &Outcome,
+    breaker: &Breaker,
+) -> Result<(), tokio_postgres::Error> {
+    let tx = db.transaction().await?;
+    let (state, status, error, after) = match outcome {
+        Outcome::Delivered { status } => ("delivered", Some(*status), None, 0.0),
+        Outcome::Retry {
+            after,
+            status,
+            error,
+        } => (
+            "pending",
+            *status,
+            Some(error.as_str()),
+            after.as_secs_f64(),
+        ),
+        Outcome::Dead { status, error } => ("dead", *status, Some(error.as_str()), 0.0),
+    };
+    tx.execute(
+        "UPDATE webhook_deliveries SET state = $2, last_status = $3, last_error = $4,
+             next_attempt_at = now() + make_interval(secs => $5),
+             done_at = CASE WHEN $2 = 'pending' THEN NULL ELSE now() END
+         WHERE id = $1",
+        &[
+            &c.delivery_id,
+            &state,
+            &status.map(i32::from),
+            &error,
+            &after,
+        ],
+    )
+    .await?;
+    // The breaker counts from the row's current value: attempts of other processes count too.
+    let succeeded = matches!(outcome, Outcome::Delivered { .. });
+    let row = tx
+        .query_one(
+            "SELECT failures FROM webhook_endpoints WHERE id = $1 FOR UPDATE",
+            &[&c.endpoint_id],
+        )
+        .await?;
+    let next = breaker.after(row.get::<_, i32>(0) as u32, succeeded);
+    tx.execute(
+        "UPDATE webhook_endpoints SET failures = $2,
+             open_until = CASE WHEN $3::float8 IS NULL THEN NULL
+                               ELSE now() + make_interval(secs => $3) END
+         WHERE id = $1",
+        &[
+            &c.endpoint_id,
+            &(next.failures.min(i32::MAX as u32) as i32),
+            &next.open_for.map(|d| d.as_secs_f64()),
+        ],
+    )
+    .await?;
+    tx.commit().await
+}
+
+/// A registered endpoint, as listed (never its secret).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Endpoint {
+    pub id: i64,
+    pub tenant: String,
+    pub url: String,
+    pub kinds: Vec<String>,
+    pub created_at: f64,
+    pub failures: i32,
+    /// Unix seconds until which the breaker holds its deliveries.
+    pub open_until: Option<f64>,
+}
+
+pub async fn create_endpoint(
+    db: &Client,
+    tenant: &str,
+    url: &str,
+    kinds: &[String],
+    secret: &str,
+) -> Result<i64, tokio_postgres::Error> {
+    let r = db
+        .query_one(
+            "INSERT INTO webhook_endpoints (tenant, url, kinds, secret) VALUES ($1, $2, $3, $4)
+             RETURNING id",
+            &[&tenant, &url, &kinds, &secret],
+        )
+        .await?;
+    Ok(r.get(0))
+}
+
+pub async fn endpoints(db: &Client, tenant: &str) -> Result<Vec<Endpoint>, tokio_postgres::Error> {
+    let rows = db
+        .query(
+            "SELECT id, tenant, url, kinds, extract(epoch FROM created_at)::float8, failures,
+                    extract(epoch FROM open_until)::float8
+             FROM webhook_endpoints WHERE tenant = $1 AND disabled_at IS NULL ORDER BY id",
+            &[&tenant],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| Endpoint {
+            id: r.get(0),
+            tenant: r.get(1),
+            url: r.get(2),
+            kinds: r.get(3),
+            created_at: r.get(4),
+            failures: r.get(5),
+            open_until: r.get(6),
+        })
+        .collect())
+}
+
+/// Disables an endpoint of `tenant`: no new deliveries, pending ones are not attempted.
+pub async fn disable_endpoint(
+    db: &Client,
+    tenant: &str,
+    id: i64,
+) -> Result<bool, tokio_postgres::Error> {
+    let n = db
+        .execute(
+            "UPDATE webhook_endpoints SET disabled_at = now()
+             WHERE id = $1 AND tenant = $2 AND disabled_at IS NULL",
+            &[&id, &tenant],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// A delivery given up on.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeadLetter {
+    pub delivery_id: i64,
+    pub endpoint_id: i64,
+    pub webhook_id: String,
+    pub kind: String,
+    pub order_id: String,
+    pub attempts: i32,
+    pub last_status: Option<i32>,
+    pub last_error: Option<String>,
+    pub first_attempt_at: Option<f64>,
+    pub dead_at: Option<f64>,
+}
+
+pub async fn dead_letters(
+    db: &Client,
+    tenant: &str,
+    limit: i64,
+) -> Result<Vec<DeadLetter>, tokio_postgres::Error> {
+    let rows = db
+        .query(
+            "SELECT d.id, d.endpoint_id, ev.id, ev.kind, ev.order_id, d.attempts, d.last_status,
+                    d.last_error, extract(epoch FROM d.first_attempt_at)::float8,
+                    extract(epoch FROM d.done_at)::float8
+             FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
+                  JOIN order_events ev ON ev.id = d.event_id
+             WHERE d.state = 'dead' AND e.tenant = $1 ORDER BY d.done_at DESC LIMIT $2",
+            &[&tenant, &limit],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| DeadLetter {
+            delivery_id: r.get(0),
+            endpoint_id: r.get(1),
+            webhook_id: crate::sign::message_id(r.get(2)),
+            kind: r.get(3),
+            order_id: r.get(4),
+            attempts: r.get(5),
+            last_status: r.get(6),
+            last_error: r.get(7),
+            first_attempt_at: r.get(8),
+            dead_at: r.get(9),
+        })
+        .collect())
+}
+
+/// Puts a dead letter of `tenant` back in line, as new (attempts and age from zero); the
+/// `webhook-id` stays, so a consumer that did get it dedupes.
+pub async fn replay(
+    db: &Client,
+    tenant: &str,
+    delivery: i64,
+) -> Result<bool, tokio_postgres::Error> {
+    let n = db
+        .execute(
+            "UPDATE webhook_deliveries d SET state = 'pending', attempts = 0, next_attempt_at = now(),
+                 first_attempt_at = NULL, done_at = NULL
+             FROM webhook_endpoints e
+             WHERE d.id = $1 AND d.state = 'dead' AND e.id = d.endpoint_id AND e.tenant = $2",
+            &[&delivery, &tenant],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// Deletes what is past its keeping time; returns (deliveries, events) deleted.
+pub async fn prune(
+    db: &Client,
+    keep_delivered: Duration,
+    keep_dead: Duration,
+) -> Result<(u64, u64), tokio_postgres::Error> {
+    let d = db
+        .execute(
+            "DELETE FROM webhook_deliveries
+             WHERE (state = 'delivered' AND done_at < now() - make_interval(secs => $1))
+                OR (state = 'dead' AND done_at < now() - make_interval(secs => $2))",
+            &[&keep_delivered.as_secs_f64(), &keep_dead.as_secs_f64()],
+        )
+        .await?;
+    let e = db
+        .execute(
+            "DELETE FROM order_events ev
+             WHERE recorded_at < now() - make_interval(secs => $1)
+               AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = ev.id)",
+            &[&keep_delivered.as_secs_f64()],
+        )
+        .await?;
+    Ok((d, e))
+}
+
+/// (pending deliveries, age in s of the oldest pending one's event, dead letters, open breakers)
+pub async fn figures(db: &Client) -> Result<(i64, f64, i64, i64), tokio_postgres::Error> {
+    let r = db
+        .query_one(
+            "SELECT
+               (SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'),
+               coalesce((SELECT extract(epoch FROM now() - min(ev.recorded_at))::float8
+                         FROM webhook_deliveries d JOIN order_events ev ON ev.id = d.event_id
+                         WHERE d.state = 'pending'), 0),
+               (SELECT count(*) FROM webhook_deliveries WHERE state = 'dead'),
+               (SELECT count(*) FROM webhook_endpoints WHERE open_until > now() AND disabled_at IS NULL)",
+            &[],
+        )
+        .await?;
+    Ok((r.get(0), r.get(1), r.get(2), r.get(3)))
+}

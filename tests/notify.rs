@@ -1,0 +1,658 @@
+//! Order events out of the pipeline, on real engines: the orders API (fanout) writes events to
+//! Redis, the notify role relays them into the PostgreSQL outbox and delivers them as signed
+//! webhooks to a real local HTTP receiver that fails on purpose. Signatures are checked with
+//! the Standard Webhooks specification's own library, as a consumer would.
+
+#[path = "../benches/common/mod.rs"]
+mod common;
+mod support;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use common::Proc;
+use courier_wire::Keys;
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::*;
+use tokio_util::sync::CancellationToken;
+
+const BIN: &str = env!("CARGO_BIN_EXE_courier-pipeline");
+
+/// What the receiver does with one request.
+#[derive(Debug, Clone)]
+enum Act {
+    Answer(u16),
+    /// 429 with `Retry-After: <s>`.
+    TooMany(u64),
+    /// Answers nothing for this long (past the sender's timeout).
+    Hang(Duration),
+}
+
+#[derive(Debug, Clone)]
+struct Hit {
+    at: Instant,
+    id: String,
+    body: serde_json::Value,
+    verified: bool,
+    /// 0: no answer given.
+    answered: u16,
+}
+
+#[derive(Clone, Default)]
+struct Receiver {
+    script: Arc<Mutex<VecDeque<Act>>>,
+    /// What to do once the script is spent.
+    after: Arc<Mutex<Option<Act>>>,
+    secret: Arc<Mutex<Option<String>>>,
+    hits: Arc<Mutex<Vec<Hit>>>,
+}
+
+async fn receive(
+    State(r): State<Receiver>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let act = r
+        .script
+        .lock()
+        .unwrap()
+        .pop_front()
+        .or_else(|| r.after.lock().unwrap().clone())
+        .unwrap_or(Act::Answer(204));
+    let secret = r.secret.lock().unwrap().clone().unwrap_or_default();
+    let verified = standardwebhooks::Webhook::new(&secret)
+        .map(|w| w.verify(&body, &headers).is_ok())
+        .unwrap_or(false);
+    let answered = match act {
+        Act::Answer(c) => c,
+        Act::TooMany(_) => 429,
+        Act::Hang(_) => 0,
+    };
+    r.hits.lock().unwrap().push(Hit {
+        at: Instant::now(),
+        id: headers
+            .get("webhook-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string(),
+        body: serde_json::from_slice(&body).unwrap_or_default(),
+        verified,
+        answered,
+    });
+    match act {
+        Act::Answer(c) => StatusCode::from_u16(c).unwrap().into_response(),
+        Act::TooMany(s) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [("retry-after", s.to_string())],
+        )
+            .into_response(),
+        Act::Hang(d) => {
+            tokio::time::sleep(d).await;
+            StatusCode::NO_CONTENT.into_response()
+        }
+    }
+}
+
+async fn start_receiver() -> (Receiver, SocketAddr) {
+    let r = Receiver::default();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let app = axum::Router::new()
+        .route("/hook", axum::routing::post(receive))
+        .with_state(r.clone());
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    (r, addr)
+}
+
+impl Receiver {
+    fn hits(&self) -> Vec<Hit> {
+        self.hits.lock().unwrap().clone()
+    }
+    /// The webhook ids answered 2xx, with how often.
+    fn delivered(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut m = std::collections::BTreeMap::new();
+        for h in self
+            .hits()
+            .iter()
+            .filter(|h| (200..300).contains(&h.answered))
+        {
+            *m.entry(h.id.clone()).or_default() += 1;
+        }
+        m
+    }
+}
+
+/// Fast retry settings, so a test sees several attempts in a few seconds.
+fn fast() -> notify::NotifyConfig {
+    notify::NotifyConfig {
+        poll_interval: Duration::from_millis(50),
+        timeout: Duration::from_millis(500),
+        lease: Duration::from_secs(2),
+        retry_base: Duration::from_millis(200),
+        retry_max_delay: Duration::from_secs(2),
+        relay_claim_after: Duration::from_secs(1),
+        ..Default::default()
+    }
+}
+
+struct RunningNotify {
+    http: SocketAddr,
+    stats: Arc<notify::Stats>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), notify::NotifyError>>,
+}
+
+async fn start_notify(
+    keys: &Keys,
+    database_url: &str,
+    config: notify::NotifyConfig,
+) -> RunningNotify {
+    let stats = Arc::new(notify::Stats::default());
+    let n = notify::Notify {
+        config,
+        redis_url: services().redis_url.clone(),
+        database_url: database_url.to_string(),
+        keys: keys.clone(),
+        stats: stats.clone(),
+    };
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http = l.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let (router, stop) = (n.router(TEST_SERVICE_KEY.into()), shutdown.clone());
+    tokio::spawn(async move {
+        axum::serve(l, router)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
+            .unwrap();
+    });
+    let task = tokio::spawn(n.run(shutdown.clone()));
+    RunningNotify {
+        http,
+        stats,
+        shutdown,
+        task,
+    }
+}
+
+impl RunningNotify {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("notify stops within its deadline")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+fn bearer() -> String {
+    format!("Bearer {TEST_SERVICE_KEY}")
+}
+
+/// Registers an endpoint of `tenant` for every kind; returns (id, secret).
+async fn register(notify: SocketAddr, tenant: &str, url: &str) -> (i64, String) {
+    let r = http_post(
+        notify,
+        "/webhooks/endpoints",
+        &[("Authorization", &bearer())],
+        &format!(
+            r#"{{"tenant":"{tenant}","url":"{url}","kinds":["order.assigned","order.picked_up","order.delivered"]}}"#
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{r:?}");
+    (
+        r.body["id"].as_i64().unwrap(),
+        r.body["secret"].as_str().unwrap().to_string(),
+    )
+}
+
+async fn order_event(f: &RunningFanout, order: &str, event: &str) {
+    let r = http_post(
+        f.http,
+        &format!("/orders/{order}/events"),
+        &[
+            ("Authorization", &bearer()),
+            ("Idempotency-Key", &format!("{order}-{event}")),
+        ],
+        &format!(r#"{{"event":"{event}"}}"#),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+}
+
+async fn assign(f: &RunningFanout, order: &str, courier: &str, tenant: &str) {
+    let r = api(
+        f,
+        &format!("/orders/{order}/assign"),
+        &format!(r#"{{"courier_id":"{courier}","tenant":"{tenant}"}}"#),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r:?}");
+}
+
+#[tokio::test]
+async fn every_event_arrives_signed_through_a_500_a_timeout_and_a_429() {
+    let schema = pg_schema().await;
+    let keys = Keys::with_prefix(&prefix());
+    let broker = start_broker(BrokerKind::Embedded);
+    let f = start_fanout(&broker, keys.clone(), test_fanout_config()).await;
+    let n = start_notify(&keys, &schema.url, fast()).await;
+    let (rx, rx_addr) = start_receiver().await;
+    let (_, secret) = register(n.http, "acme", &format!("http://{rx_addr}/hook")).await;
+    *rx.secret.lock().unwrap() = Some(secret);
+    rx.script.lock().unwrap().extend([
+        Act::Answer(500),
+        Act::Hang(Duration::from_millis(1500)),
+        Act::TooMany(1),
+    ]);
+
+    assign(&f, "o-1", "c-1", "acme").await;
+    // Another tenant's order: none of its events may reach acme's endpoint.
+    assign(&f, "o-2", "c-2", "globex").await;
+    order_event(&f, "o-1", "picked_up").await;
+    order_event(&f, "o-1", "delivered").await;
+    // Assigning the same courier again is no new event; a replayed event key changes nothing.
+    assign(&f, "o-3", "c-3", "acme").await;
+    assign(&f, "o-3", "c-3", "acme").await;
+
+    let done = wait_until(Duration::from_secs(20), || rx.delivered().len() >= 4).await;
+    let hits = rx.hits();
+    assert!(done, "not every event arrived: {hits:#?}");
+    // Exactly the four events of acme, each delivered once, every attempt signed.
+    let mut kinds: Vec<(String, String)> = hits
+        .iter()
+        .filter(|h| h.answered == 204)
+        .map(|h| {
+            (
+                h.body["data"]["order_id"].as_str().unwrap().to_string(),
+                h.body["type"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        [
+            ("o-1", "order.assigned"),
+            ("o-1", "order.delivered"),
+            ("o-1", "order.picked_up"),
+            ("o-3", "order.assigned")
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+    );
+    assert!(
+        rx.delivered().values().all(|n| *n == 1),
+        "{:?}",
+        rx.delivered()
+    );
+    assert!(
+        hits.iter().all(|h| h.verified),
+        "an attempt failed verification"
+    );
+    assert!(hits.iter().all(|h| h.body["data"]["tenant"] == "acme"));
+
+    // The failed attempts were tried again with the same webhook-id: after the 429, not before
+    // its Retry-After; after the 500 and the timeout, within the first backoff ceiling (0.2 s)
+    // plus the poll interval and the attempt's own timeout.
+    let next_of = |i: usize| {
+        hits[i + 1..]
+            .iter()
+            .find(|h| h.id == hits[i].id)
+            .unwrap_or_else(|| panic!("attempt {i} never retried: {hits:#?}"))
+            .at
+            .duration_since(hits[i].at)
+    };
+    let first = |answered: u16| hits.iter().position(|h| h.answered == answered).unwrap();
+    let after_429 = next_of(first(429));
+    assert!(
+        after_429 >= Duration::from_secs(1),
+        "retried {after_429:?} after a Retry-After: 1"
+    );
+    assert!(after_429 < Duration::from_secs(3), "{after_429:?}");
+    let after_500 = next_of(first(500));
+    assert!(after_500 < Duration::from_millis(1500), "{after_500:?}");
+    let after_hang = next_of(first(0));
+    assert!(after_hang >= Duration::from_millis(500), "{after_hang:?}");
+    assert!(after_hang < Duration::from_millis(2500), "{after_hang:?}");
+    // Outcomes are stored just after the receiver answered.
+    let s = n.stats.clone();
+    assert!(wait_until(Duration::from_secs(5), || s.delivered.load(Relaxed) == 4).await);
+    assert_eq!(n.stats.retried.load(Relaxed), 3);
+    assert_eq!(n.stats.recorded.load(Relaxed), 5, "o-1 x3, o-2, o-3 once");
+
+    // The outbox holds one row per event, none twice.
+    let db = pg_connect(&schema.url).await;
+    let rows: i64 = db
+        .query_one("SELECT count(*) FROM order_events", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 5);
+    let stream_left: u64 = redis::cmd("XLEN")
+        .arg(&keys.events)
+        .query_async(&mut redis().await)
+        .await
+        .unwrap();
+    assert_eq!(
+        stream_left, 0,
+        "recorded entries are deleted from the stream"
+    );
+    n.stop().await;
+    f.stop().await;
+    cleanup(&keys).await;
+    schema.drop().await;
+}
+
+#[tokio::test]
+async fn dead_letters_are_listed_and_replayed_per_tenant_and_wrong_keys_move_nothing() {
+    let schema = pg_schema().await;
+    let keys = Keys::with_prefix(&prefix());
+    let broker = start_broker(BrokerKind::Embedded);
+    let f = start_fanout(&broker, keys.clone(), test_fanout_config()).await;
+    let n = start_notify(
+        &keys,
+        &schema.url,
+        notify::NotifyConfig {
+            max_attempts: 2,
+            ..fast()
+        },
+    )
+    .await;
+    let (rx, rx_addr) = start_receiver().await;
+    *rx.after.lock().unwrap() = Some(Act::Answer(503));
+
+    // Registration needs the service key: without it, or with a valid token of another kind
+    // (a tracking token the orders API minted), nothing is registered.
+    let body =
+        format!(r#"{{"tenant":"acme","url":"http://{rx_addr}/hook","kinds":["order.assigned"]}}"#);
+    let r = http_post(n.http, "/webhooks/endpoints", &[], &body).await;
+    assert_eq!(r.status, 401);
+    assign(&f, "o-t", "c-t", "acme").await;
+    let tracking = api(&f, "/orders/o-t/tracking-token", r#"{"viewer":"customer"}"#).await;
+    let token = tracking.body["token"].as_str().unwrap();
+    let r = http_post(
+        n.http,
+        "/webhooks/endpoints",
+        &[("Authorization", &format!("Bearer {token}"))],
+        &body,
+    )
+    .await;
+    assert_eq!(r.status, 401, "{r:?}");
+    let mut db = pg_connect(&schema.url).await;
+    history_writer::migrate(&mut db).await.unwrap();
+    let count = |sql: &'static str| {
+        let db = &db;
+        async move { db.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) }
+    };
+    assert_eq!(count("SELECT count(*) FROM webhook_endpoints").await, 0);
+    // Bad registrations: 400.
+    for bad in [
+        r#"{"tenant":"acme","url":"ftp://x/","kinds":["order.assigned"]}"#,
+        r#"{"tenant":"acme","url":"http://u:p@x/","kinds":["order.assigned"]}"#,
+        r#"{"tenant":"acme","url":"http://x/","kinds":["order.teleported"]}"#,
+        r#"{"tenant":"a b","url":"http://x/","kinds":["order.assigned"]}"#,
+        r#"{"tenant":"acme","url":"http://x/","kinds":[]}"#,
+    ] {
+        let r = http_post(
+            n.http,
+            "/webhooks/endpoints",
+            &[("Authorization", &bearer())],
+            bad,
+        )
+        .await;
+        assert_eq!(r.status, 400, "{bad}: {r:?}");
+    }
+
+    let (endpoint, secret) = register(n.http, "acme", &format!("http://{rx_addr}/hook")).await;
+    *rx.secret.lock().unwrap() = Some(secret);
+    assign(&f, "o-d", "c-d", "acme").await;
+    // Two attempts (max_attempts), both 503: dead.
+    assert!(wait_until(Duration::from_secs(10), || n.stats.dead.load(Relaxed) == 1).await);
+    let r = http_get(
+        n.http,
+        "/webhooks/dead-letters?tenant=acme",
+        Some(TEST_SERVICE_KEY),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let list: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    let dead = &list["dead_letters"];
+    assert_eq!(dead.as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(dead[0]["endpoint_id"], endpoint);
+    assert_eq!(dead[0]["attempts"], 2);
+    assert_eq!(dead[0]["last_status"], 503);
+    let delivery = dead[0]["delivery_id"].as_i64().unwrap();
+    let webhook_id = dead[0]["webhook_id"].as_str().unwrap().to_string();
+
+    // Another tenant sees no dead letter of acme's and cannot replay it; a wrong key cannot.
+    let r = http_get(
+        n.http,
+        "/webhooks/dead-letters?tenant=globex",
+        Some(TEST_SERVICE_KEY),
+    )
+    .await;
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&r.body).unwrap()["dead_letters"],
+        serde_json::json!([])
+    );
+    let replay = format!("/webhooks/dead-letters/{delivery}/replay");
+    let r = http_post(
+        n.http,
+        &format!("{replay}?tenant=globex"),
+        &[("Authorization", &bearer())],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 404);
+    let r = http_post(
+        n.http,
+        &format!("{replay}?tenant=acme"),
+        &[("Authorization", "Bearer wrong-key-0123456789")],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    let r = http_get(
+        n.http,
+        "/webhooks/dead-letters?tenant=acme",
+        Some("wrong-key-0123456789"),
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    assert_eq!(
+        count("SELECT count(*) FROM webhook_deliveries WHERE state = 'dead'").await,
+        1
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let attempts_while_dead = rx.hits().len();
+    assert_eq!(
+        attempts_while_dead, 2,
+        "a dead letter is not attempted again"
+    );
+
+    // Replayed by acme once the receiver works again: delivered, under the same webhook-id.
+    *rx.after.lock().unwrap() = Some(Act::Answer(200));
+    let r = http_post(
+        n.http,
+        &format!("{replay}?tenant=acme"),
+        &[("Authorization", &bearer())],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 202, "{r:?}");
+    assert!(
+        wait_until(Duration::from_secs(10), || rx
+            .delivered()
+            .contains_key(&webhook_id))
+        .await
+    );
+    assert!(rx.hits().iter().all(|h| h.verified && h.id == webhook_id));
+    let stored = wait_until_async(|| async {
+        count("SELECT count(*) FROM webhook_deliveries WHERE state = 'delivered'").await == 1
+    })
+    .await;
+    assert!(stored, "the delivery's outcome was never stored");
+    n.stop().await;
+    f.stop().await;
+    cleanup(&keys).await;
+    schema.drop().await;
+}
+
+#[tokio::test]
+async fn a_breaker_holds_a_failing_endpoints_deliveries_and_probes_once() {
+    let schema = pg_schema().await;
+    let keys = Keys::with_prefix(&prefix());
+    let broker = start_broker(BrokerKind::Embedded);
+    let f = start_fanout(&broker, keys.clone(), test_fanout_config()).await;
+    let config = notify::NotifyConfig {
+        breaker_failures: 3,
+        breaker_open: Duration::from_secs(2),
+        retry_base: Duration::from_millis(50),
+        retry_max_delay: Duration::from_millis(100),
+        ..fast()
+    };
+    let n = start_notify(&keys, &schema.url, config).await;
+    let (rx, rx_addr) = start_receiver().await;
+    *rx.after.lock().unwrap() = Some(Act::Answer(500));
+    let (_, secret) = register(n.http, "acme", &format!("http://{rx_addr}/hook")).await;
+    *rx.secret.lock().unwrap() = Some(secret);
+    for i in 0..10 {
+        assign(&f, &format!("o-{i}"), &format!("c-{i}"), "acme").await;
+    }
+    // Retries come every 0-100 ms, so without a breaker 10 deliveries would make ~100 attempts
+    // in 1.5 s. With it: about 3 (then open), and nothing more until it half-opens.
+    assert!(wait_until(Duration::from_secs(10), || rx.hits().len() >= 3).await);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let while_open = rx.hits().len();
+    assert!(
+        while_open <= 3 + 10,
+        "the open breaker let {while_open} attempts through"
+    );
+    // Half-open after 2 s: one probe per 2 s while it keeps failing.
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    let probes = rx.hits().len() - while_open;
+    assert!(
+        (1..=2).contains(&probes),
+        "{probes} attempts in one half-open period"
+    );
+    // The receiver recovers: the next probe succeeds, the breaker closes, all ten arrive.
+    *rx.after.lock().unwrap() = Some(Act::Answer(200));
+    assert!(
+        wait_until(Duration::from_secs(15), || rx.delivered().len() == 10).await,
+        "{:?}",
+        rx.delivered()
+    );
+    n.stop().await;
+    f.stop().await;
+    cleanup(&keys).await;
+    schema.drop().await;
+}
+
+/// `courier-pipeline notify` as a process of its own, killed with SIGKILL while an attempt is
+/// in flight: a second process delivers the event after the claim's lease, and the relay's
+/// unacknowledged stream entries are recorded by the survivor.
+#[tokio::test]
+async fn a_dispatcher_killed_mid_delivery_loses_nothing() {
+    let schema = pg_schema().await;
+    let prefix = prefix();
+    let keys = Keys::with_prefix(&prefix);
+    let broker = start_broker(BrokerKind::Embedded);
+    let f = start_fanout(&broker, keys.clone(), test_fanout_config()).await;
+    let (rx, rx_addr) = start_receiver().await;
+    // The first attempt hangs (the victim dies meanwhile); the rest succeed.
+    rx.script
+        .lock()
+        .unwrap()
+        .push_back(Act::Hang(Duration::from_secs(4)));
+    let dir = std::env::temp_dir().join(format!("notify-{:x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("notify.toml");
+    std::fs::write(
+        &conf,
+        format!(
+            "[redis]\nkey_prefix = \"{prefix}\"\n[notify]\npoll_interval = \"50ms\"\ntimeout = \"5s\"\nlease = \"6s\"\nrelay_claim_after = \"1s\"\n"
+        ),
+    )
+    .unwrap();
+    let process = |http: SocketAddr| {
+        let mut cmd = Command::new(BIN);
+        with_test_keys(&mut cmd)
+            .args(["--config", conf.to_str().unwrap(), "notify"])
+            .env("HTTP_LISTEN", http.to_string())
+            .env("METRICS_LISTEN", "off")
+            .env("REDIS_URL", &services().redis_url)
+            .env("DATABASE_URL", &schema.url)
+            .env("SERVICE_KEY", TEST_SERVICE_KEY)
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        Proc {
+            name: "notify",
+            child: cmd.spawn().unwrap(),
+        }
+    };
+    let victim_http = free_addr();
+    let victim = process(victim_http);
+    let up =
+        wait_until_async(
+            || async move { tokio::net::TcpStream::connect(victim_http).await.is_ok() },
+        )
+        .await;
+    assert!(up, "notify did not start");
+    let (_, secret) = register(victim_http, "acme", &format!("http://{rx_addr}/hook")).await;
+    *rx.secret.lock().unwrap() = Some(secret);
+    assign(&f, "o-k", "c-k", "acme").await;
+    assert!(wait_until(Duration::from_secs(10), || !rx.hits().is_empty()).await);
+    let killed_at = Instant::now();
+    Command::new("kill")
+        .args(["-KILL", &victim.pid().to_string()])
+        .status()
+        .unwrap();
+    drop(victim);
+    // Events written while no relay runs wait in the stream.
+    assign(&f, "o-k2", "c-k2", "acme").await;
+
+    let survivor_http = free_addr();
+    let _survivor = process(survivor_http);
+    let first_id = rx.hits()[0].id.clone();
+    assert!(
+        wait_until(Duration::from_secs(20), || rx.delivered().len() == 2).await,
+        "{:#?}",
+        rx.hits()
+    );
+    let redelivered = rx
+        .hits()
+        .into_iter()
+        .find(|h| h.id == first_id && h.answered == 204)
+        .unwrap();
+    assert!(
+        redelivered.at.duration_since(killed_at) >= Duration::from_secs(3),
+        "tried again before the lease ran out"
+    );
+    assert!(rx.hits().iter().all(|h| h.verified));
+    f.stop().await;
+    cleanup(&keys).await;
+    schema.drop().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+async fn wait_until_async<F, Fut>(mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
