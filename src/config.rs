@@ -483,6 +483,9 @@ impl FileConfig {
             err(setting, reason)
         })?;
         let edge = self.edge.validate().map_err(|e| err(e.setting, e.reason))?;
+        // One setting, read by every script that emits order events.
+        self.fanout.events_stream_max = self.notify.stream_max;
+        self.ingest.events_stream_max = self.notify.stream_max;
         self.notify.validate().map_err(|e| {
             let (setting, reason) = e.split_once(' ').unwrap_or((e.as_str(), ""));
             err(setting, reason)

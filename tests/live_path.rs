@@ -621,7 +621,7 @@ async fn a_retried_batch_gets_the_verdicts_of_its_first_run() {
         .query_async(&mut r)
         .await
         .unwrap();
-    let script = redis::Script::new(include_str!("../ingest/src/script.lua"));
+    let script = redis::Script::new(&ingest::sink::batch_lua());
     let t = now();
     let msgs = [ingest::batch::Message {
         topic: loc_topic("rb1"),
@@ -632,14 +632,13 @@ async fn a_retried_batch_gets_the_verdicts_of_its_first_run() {
     let call = ingest::batch::script_call(&plan, t, 30.0);
     let run = |record: String| {
         let mut inv = script.prepare_invoke();
-        inv.key(&keys.live)
-            .key(&keys.seen)
-            .key(&keys.order)
-            .key(&keys.seq)
-            .key(record);
+        for k in ingest::sink::batch_keys(&keys, &record) {
+            inv.key(k);
+        }
         for a in &call.args {
             inv.arg(a);
         }
+        inv.arg(0);
         inv
     };
     let first: Vec<redis::Value> = run(format!("{}b1", keys.batch_record))
@@ -657,7 +656,13 @@ async fn a_retried_batch_gets_the_verdicts_of_its_first_run() {
     let verdict = |v: &[redis::Value]| ingest::batch::parse_reply(v, &call).unwrap()[0].clone();
     let accepted = ingest::batch::Verdict::Accepted {
         reset: false,
-        order: Some("ord-rb".into()),
+        orders: Some(
+            vec![ingest::batch::Carried {
+                order: "ord-rb".into(),
+                places: None,
+            }]
+            .into(),
+        ),
     };
     assert_eq!(verdict(&first), accepted);
     assert_eq!(verdict(&again), accepted, "the retry was judged again");

@@ -12,6 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use common::Proc;
 use courier_wire::Keys;
+use rand::{rngs::StdRng, Rng, SeedableRng};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
@@ -655,4 +656,194 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     false
+}
+
+/// A point `m` metres north and `e` metres east of `p`.
+fn offset(p: (f64, f64), m: f64, e: f64) -> (f64, f64) {
+    let r = 6_371_008.8f64;
+    (
+        p.0 + (m / r).to_degrees(),
+        p.1 + (e / (r * p.0.to_radians().cos())).to_degrees(),
+    )
+}
+
+/// The whole path on real engines: orders with places through the orders API, couriers' points
+/// through the bus into ingest, arrival decided after the batch script, events relayed and
+/// delivered. A courier driving to his places arrives once at each; one whose fixes wander
+/// around the radius of his drop-off never does; a courier carrying two orders (stacked) has
+/// his points on both tracks, keeps the second running when the first is delivered, and going
+/// offline reports it for each order he still carries.
+#[tokio::test]
+async fn arrivals_once_per_order_none_for_jitter_and_stacked_orders() {
+    let schema = pg_schema().await;
+    let keys = Keys::with_prefix(&prefix());
+    let broker = start_broker(BrokerKind::Embedded);
+    let f = start_fanout(&broker, keys.clone(), test_fanout_config()).await;
+    let ingest = start_ingest(&broker, test_ingest_config(), keys.clone()).await;
+    let n = start_notify(&keys, &schema.url, fast()).await;
+    let (rx, rx_addr) = start_receiver().await;
+    let r = http_post(
+        n.http,
+        "/webhooks/endpoints",
+        &[("Authorization", &bearer())],
+        &format!(r#"{{"tenant":"acme","url":"http://{rx_addr}/hook","kinds":["courier.arriving_pickup","courier.arriving_dropoff","courier.offline_during_order","order.delivered"]}}"#),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{r:?}");
+    *rx.secret.lock().unwrap() = Some(r.body["secret"].as_str().unwrap().to_string());
+
+    let shop = (24.7136, 46.6753);
+    let home = offset(shop, 2000.0, 1000.0);
+    let place = |p: (f64, f64)| format!(r#"{{"lat":{},"lon":{}}}"#, p.0, p.1);
+    let assign_with = |order: &'static str, courier: &'static str, places: String| {
+        let f = &f;
+        async move {
+            let r = api(
+                f,
+                &format!("/orders/{order}/assign"),
+                &format!(r#"{{"courier_id":"{courier}","tenant":"acme"{places}}}"#),
+            )
+            .await;
+            assert_eq!(r.status, 200, "{r:?}");
+        }
+    };
+    assign_with(
+        "o-a",
+        "c-a",
+        format!(r#","pickup":{},"dropoff":{}"#, place(shop), place(home)),
+    )
+    .await;
+    assign_with("o-b", "c-a", String::new()).await; // stacked, no places
+    assign_with("o-j", "c-j", format!(r#","dropoff":{}"#, place(home))).await;
+    // A bad place is refused, and so is a fifth order for one courier.
+    let r = api(
+        &f,
+        "/orders/o-x/assign",
+        r#"{"courier_id":"c-x","pickup":{"lat":95,"lon":1}}"#,
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    for o in ["o-c", "o-d"] {
+        assign(&f, o, "c-a", "acme").await;
+    }
+    let r = api(&f, "/orders/o-e/assign", r#"{"courier_id":"c-a"}"#).await;
+    assert_eq!(r.status, 409, "{r:?}");
+    for o in ["o-c", "o-d"] {
+        order_event(&f, o, "delivered").await;
+    }
+
+    let mut tracks = subscriber(&broker.endpoint, "track/+").await;
+    let (bus, _h) = client(&broker.endpoint, None).await;
+    let t0 = courier_wire::clock::unix_now();
+    let mut seq = 0;
+    let mut send = |id: &'static str, p: (f64, f64)| {
+        seq += 1;
+        let (bus, s) = (bus.clone(), seq);
+        async move {
+            publish(
+                &bus,
+                &format!("couriers/{id}/loc"),
+                point(id, p.0, p.1, t0 + s as f64 * 0.01, s),
+            )
+            .await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    // c-a drives from 1 km south of the shop to it, waits there, then drives home; c-j waits
+    // 150 m (± 25 m of GPS jitter) from his drop-off.
+    for m in [
+        -1000.0, -600.0, -300.0, -160.0, -100.0, -40.0, 0.0, 5.0, -3.0,
+    ] {
+        send("c-a", offset(shop, m, 0.0)).await;
+    }
+    for k in 0..=10 {
+        let x = k as f64 / 10.0;
+        send(
+            "c-a",
+            (
+                shop.0 + (home.0 - shop.0) * x,
+                shop.1 + (home.1 - shop.1) * x,
+            ),
+        )
+        .await;
+    }
+    send("c-a", offset(home, 3.0, -2.0)).await;
+    let mut jitter = StdRng::seed_from_u64(9);
+    for i in 0..30 {
+        let d = 150.0 + jitter.random_range(-25.0..25.0);
+        let b = (i as f64 * 37.0).to_radians();
+        send("c-j", offset(home, d * b.cos(), d * b.sin())).await;
+    }
+    let s = ingest.stats.clone();
+    assert!(wait_until(Duration::from_secs(10), || s.accepted.load(Relaxed) >= 51).await);
+
+    // Stacked: c-a's points went to both of his running orders' tracks, none to delivered ones.
+    let mut per_order = std::collections::BTreeMap::<String, usize>::new();
+    while let Ok(p) = tracks.try_recv() {
+        *per_order.entry(p.topic.to_string()).or_default() += 1;
+    }
+    assert_eq!(per_order.get("track/o-a"), Some(&21), "{per_order:?}");
+    assert_eq!(per_order.get("track/o-b"), Some(&21), "{per_order:?}");
+    assert_eq!(per_order.get("track/o-c"), None);
+    // Delivering o-a leaves o-b running.
+    order_event(&f, "o-a", "delivered").await;
+    let carried: Option<String> = redis::cmd("HGET")
+        .arg(&keys.order)
+        .arg("c-a")
+        .query_async(&mut redis().await)
+        .await
+        .unwrap();
+    assert_eq!(carried.as_deref(), Some("o-b"));
+    send("c-a", home).await;
+    let p = tokio::time::timeout(Duration::from_secs(5), tracks.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.topic, "track/o-b");
+    // c-a ends his shift while still carrying o-b.
+    publish(&bus, "couriers/c-a/status", b"offline".to_vec()).await;
+
+    // Sorted as `got` sorts.
+    let want = [
+        ("o-a", "courier.arriving_dropoff"),
+        ("o-a", "courier.arriving_pickup"),
+        ("o-a", "order.delivered"),
+        ("o-b", "courier.offline_during_order"),
+        ("o-c", "order.delivered"),
+        ("o-d", "order.delivered"),
+    ];
+    let got = || {
+        let mut v: Vec<(String, String)> = rx
+            .hits()
+            .iter()
+            .filter(|h| h.answered == 204)
+            .map(|h| {
+                (
+                    h.body["data"]["order_id"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string(),
+                    h.body["type"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let arrived = wait_until(Duration::from_secs(15), || got().len() >= want.len()).await;
+    // Give a duplicate or a jitter arrival time to show up.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(arrived, "{:?}", got());
+    assert_eq!(
+        got(),
+        want.map(|(o, k)| (o.to_string(), k.to_string())),
+        "one event per order and kind; none for c-j's jitter, none for o-b's missing places"
+    );
+    assert_eq!(ingest.stats.arrivals.load(Relaxed), 2);
+    assert!(rx.hits().iter().all(|h| h.verified));
+    n.stop().await;
+    ingest.stop().await;
+    f.stop().await;
+    cleanup(&keys).await;
+    schema.drop().await;
 }

@@ -37,10 +37,11 @@ pub struct FanoutConfig {
     /// How long an idempotency record of an order event is kept.
     #[serde(with = "courier_wire::duration")]
     pub idempotency_ttl: Duration,
-    /// Order events (`order.assigned`, ...) the Redis events stream holds for the notify role
-    /// at most; past it new events are counted (`notify_events_dropped_total`), not written.
-    /// `0` writes no events (no notify role deployed).
+    /// Cap of the Redis events stream: `notify.stream_max`, set from there.
+    #[serde(skip)]
     pub events_stream_max: u64,
+    /// Orders one courier may carry at once (stacked deliveries); one more is refused (409).
+    pub max_orders_per_courier: usize,
 }
 
 impl std::fmt::Debug for FanoutConfig {
@@ -58,6 +59,7 @@ impl std::fmt::Debug for FanoutConfig {
             .field("max_packet_bytes", &self.max_packet_bytes)
             .field("idempotency_ttl", &self.idempotency_ttl)
             .field("events_stream_max", &self.events_stream_max)
+            .field("max_orders_per_courier", &self.max_orders_per_courier)
             .finish()
     }
 }
@@ -76,6 +78,7 @@ impl Default for FanoutConfig {
             max_packet_bytes: 4096,
             idempotency_ttl: Duration::from_secs(24 * 3600),
             events_stream_max: 100_000,
+            max_orders_per_courier: 4,
         }
     }
 }
@@ -101,6 +104,7 @@ impl FanoutConfig {
             ("fanout.queue_capacity", self.queue_capacity),
             ("fanout.max_viewers", self.max_viewers),
             ("fanout.max_sessions_per_token", self.max_sessions_per_token),
+            ("fanout.max_orders_per_courier", self.max_orders_per_courier),
         ] {
             if v == 0 {
                 return Err(format!("{name} must be at least 1"));

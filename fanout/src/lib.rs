@@ -107,6 +107,7 @@ impl Fanout {
             hub.clone(),
             self.stats.clone(),
             self.config.events_stream_max,
+            self.config.max_orders_per_courier,
         ));
         let gateway = Arc::new(gateway::Gateway {
             hub,

@@ -1,9 +1,11 @@
 //! The orders API, called by the order service (and the courier app's events) with the
 //! service key:
 //!
-//! - `POST /orders/{order}/assign` `{"courier_id", "tenant"?}`: the courier now carries the
-//!   order; `tenant` (default `default`) names the order service whose webhook endpoints get
-//!   the order's events.
+//! - `POST /orders/{order}/assign` `{"courier_id", "tenant"?, "pickup"?, "dropoff"?}`: the
+//!   courier now carries the order, beside the others he carries (up to
+//!   `fanout.max_orders_per_courier`); `tenant` (default `default`) names the order service
+//!   whose webhook endpoints get the order's events; `pickup` / `dropoff` (`{"lat","lon"}`) are
+//!   the places whose arrival ingest reports (`courier.arriving_pickup` / `_dropoff`).
 //! - `POST /orders/{order}/tracking-token` `{"viewer":"customer"|"restaurant"}`: a short-lived
 //!   token for this order only, with the topic and the WebSocket URL.
 //! - `POST /orders/{order}/events` + `Idempotency-Key`: `picked_up`, `delivered`. A replay of
@@ -24,6 +26,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use bytes::Bytes;
 use courier_auth::{Claims, SigningKey};
+use courier_wire::events::with_emit;
 use courier_wire::topic::valid_id;
 use courier_wire::Keys;
 use redis::Script;
@@ -31,8 +34,9 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
-const ASSIGN_LUA: &str = concat!(include_str!("emit.lua"), include_str!("assign.lua"));
-const EVENT_LUA: &str = concat!(include_str!("emit.lua"), include_str!("event.lua"));
+const STACK_LUA: &str = include_str!("stack.lua");
+const ASSIGN_LUA: &str = include_str!("assign.lua");
+const EVENT_LUA: &str = include_str!("event.lua");
 
 /// What the handlers share.
 pub(crate) struct OrdersApi {
@@ -48,6 +52,8 @@ pub(crate) struct OrdersApi {
     pub stats: Arc<Stats>,
     /// Cap of the events stream (0: no events written).
     pub events_cap: u64,
+    /// Orders one courier carries at once at most.
+    pub max_orders: usize,
     assign: Script,
     event: Script,
 }
@@ -65,6 +71,7 @@ impl OrdersApi {
         hub: Arc<Hub>,
         stats: Arc<Stats>,
         events_cap: u64,
+        max_orders: usize,
     ) -> Self {
         OrdersApi {
             redis,
@@ -77,8 +84,9 @@ impl OrdersApi {
             hub,
             stats,
             events_cap,
-            assign: Script::new(ASSIGN_LUA),
-            event: Script::new(EVENT_LUA),
+            max_orders,
+            assign: Script::new(&with_emit(&format!("{STACK_LUA}{ASSIGN_LUA}"))),
+            event: Script::new(&with_emit(&format!("{STACK_LUA}{EVENT_LUA}"))),
         }
     }
 }
@@ -185,6 +193,29 @@ fn field<'a>(m: &'a serde_json::Map<String, Value>, name: &str) -> Result<&'a st
     })
 }
 
+/// An optional place field: `{"lat": .., "lon": ..}` within range (not 0,0).
+fn place(m: &serde_json::Map<String, Value>, name: &str) -> Result<Option<(f64, f64)>, ApiError> {
+    let Some(v) = m.get(name) else {
+        return Ok(None);
+    };
+    let lat = v.get("lat").and_then(Value::as_f64);
+    let lon = v.get("lon").and_then(Value::as_f64);
+    match (lat, lon) {
+        (Some(lat), Some(lon))
+            if (-90.0..=90.0).contains(&lat)
+                && (-180.0..=180.0).contains(&lon)
+                && (lat, lon) != (0.0, 0.0) =>
+        {
+            Ok(Some((lat, lon)))
+        }
+        _ => Err(fail(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("{name} must be {{\"lat\": -90..90, \"lon\": -180..180}}"),
+        )),
+    }
+}
+
 /// Runs a handler body and counts its outcome under `event`.
 fn counted(event: &'static str, r: Result<Response, ApiError>) -> Response {
     match r {
@@ -241,6 +272,9 @@ async fn assign_inner(
             ))
         }
     };
+    let pickup = place(&m, "pickup")?;
+    let dropoff = place(&m, "dropoff")?;
+    let places = courier_wire::events::Places::new(pickup, dropoff).encode();
     let mut conn = api.redis.clone();
     let outcome: String = api
         .assign
@@ -250,11 +284,14 @@ async fn assign_inner(
         .key(&api.keys.order_tenant)
         .key(&api.keys.events)
         .key(&api.keys.events_dropped)
+        .key(&api.keys.order_places)
         .arg(order)
         .arg(courier)
         .arg(tenant)
         .arg(api.events_cap)
         .arg(courier_wire::clock::unix_now())
+        .arg(api.max_orders)
+        .arg(places)
         .invoke_async(&mut conn)
         .await
         .map_err(redis_failed)?;
@@ -263,6 +300,16 @@ async fn assign_inner(
             StatusCode::CONFLICT,
             "conflict",
             "the order has ended",
+        ));
+    }
+    if outcome == "full" {
+        return Err(fail(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!(
+                "the courier carries {} orders already (fanout.max_orders_per_courier)",
+                api.max_orders
+            ),
         ));
     }
     Ok(Json(json!({ "order": order, "courier_id": courier })).into_response())
@@ -405,6 +452,7 @@ async fn event_inner(
         .key(&api.keys.order_tenant)
         .key(&api.keys.events)
         .key(&api.keys.events_dropped)
+        .key(&api.keys.order_places)
         .arg(order)
         .arg(event)
         .arg(&fingerprint)

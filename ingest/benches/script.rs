@@ -31,7 +31,10 @@ use std::collections::HashMap;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 const V1_LUA: &str = v1::LUA;
-const CURRENT_LUA: &str = include_str!("../src/script.lua");
+fn current_lua() -> &'static str {
+    static S: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    S.get_or_init(ingest::sink::batch_lua)
+}
 const DEPTH: usize = 4;
 const INNER: [&str; 7] = ["hmget", "geoadd", "zadd", "hset", "set", "get", "zrem"];
 
@@ -189,13 +192,13 @@ fn run(
             } else {
                 pipe.cmd("EVALSHA").arg(sha)
             };
-            call.arg(5)
-                .arg(&k.live)
-                .arg(&k.seen)
-                .arg(&k.order)
-                .arg(&k.seq)
-                .arg(record)
+            // v1 reads the first five keys; the current layout takes the events cap last.
+            call.arg(9)
+                .arg(&ingest::sink::batch_keys(k, &record))
                 .arg(args_for(v.layout, &plan, now));
+            if v.layout != Layout::V1 {
+                call.arg(0);
+            }
             sent += msgs.len();
         }
         let replies: Vec<redis::Value> = pipe.query(c).unwrap();
@@ -242,7 +245,7 @@ fn main() {
             &mut c,
             match layout {
                 Layout::V1 => V1_LUA,
-                Layout::Current | Layout::Function => CURRENT_LUA,
+                Layout::Current | Layout::Function => current_lua(),
             },
         );
         variants.push(Variant {
@@ -257,7 +260,7 @@ fn main() {
     for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         match name {
             "v1" => add("v1", V1_LUA.to_string(), Layout::V1),
-            "current" => add("current", CURRENT_LUA.to_string(), Layout::Current),
+            "current" => add("current", current_lua().to_string(), Layout::Current),
             other => panic!("unknown variant {other}"),
         }
     }

@@ -42,17 +42,22 @@ pub fn parse_reply(reply: &[redis::Value]) -> Vec<Verdict> {
             let Value::Int(code) = pair[0] else {
                 panic!("v1 code {:?}", pair[0])
             };
-            let order = match &pair[1] {
-                Value::BulkString(b) if !b.is_empty() => {
-                    Some(String::from_utf8(b.clone()).unwrap())
-                }
+            // v1 knew one order per courier and no places.
+            let orders = match &pair[1] {
+                Value::BulkString(b) if !b.is_empty() => Some(
+                    vec![ingest::batch::Carried {
+                        order: String::from_utf8(b.clone()).unwrap(),
+                        places: None,
+                    }]
+                    .into(),
+                ),
                 _ => None,
             };
             match code {
                 0 => Verdict::Stale,
                 1 | 2 => Verdict::Accepted {
                     reset: code == 2,
-                    order,
+                    orders,
                 },
                 3 => Verdict::Offline,
                 c => panic!("v1 code {c}"),

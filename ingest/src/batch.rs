@@ -4,7 +4,9 @@
 use crate::events::Tally;
 use crate::pack::Packer;
 use bytes::Bytes;
+use courier_wire::events::Places;
 use courier_wire::{decode_point, parse_courier_topic, CourierTopic, Invalid, Point, Validation};
+use std::sync::Arc;
 
 /// One MQTT message as the receive loop hands it on.
 #[derive(Debug, Clone)]
@@ -196,20 +198,30 @@ fn interleave(x: u32, y: u32) -> u64 {
 }
 
 /// The script's decision on one entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
     Stale,
-    /// Became the last location; `reset` when it restarted the courier's seq.
+    /// Became the last location; `reset` when it restarted the courier's seq; `orders`: what
+    /// the courier carries (shared by his entries of the batch).
     Accepted {
         reset: bool,
-        order: Option<String>,
+        orders: Option<Arc<[Carried]>>,
     },
     Offline,
 }
 
+/// One order a courier carries, with its places (`None`: no places, or unreadable ones).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Carried {
+    pub order: String,
+    pub places: Option<Places>,
+}
+
 /// Reads the script's reply: a string of one code per judged entry (`0` stale, `1` accepted,
-/// `2` accepted as a seq reset, `3` offline handled), then `courier, order` for each courier
-/// with an accepted point who carries an order. Returns the verdicts in plan order.
+/// `2` accepted as a seq reset, `3` offline handled), then `courier, orders, places` for each
+/// courier with an accepted point who carries an order (orders: his `courier:order` value,
+/// comma-separated; places: one `order:places` value or nil per order). Returns the verdicts
+/// in plan order.
 pub fn parse_reply(reply: &[redis::Value], call: &ScriptCall) -> Result<Vec<Verdict>, String> {
     use redis::Value;
     let codes = match reply.first() {
@@ -224,23 +236,42 @@ pub fn parse_reply(reply: &[redis::Value], call: &ScriptCall) -> Result<Vec<Verd
         other => return Err(format!("unexpected verdicts {other:?}")),
     };
     let rest = &reply[1..];
-    if rest.len() % 2 != 0 {
-        return Err(format!("odd courier/order list of {}", rest.len()));
+    if rest.len() % 3 != 0 {
+        return Err(format!("courier/orders/places list of {}", rest.len()));
     }
-    let mut orders: Vec<Option<String>> = vec![None; call.couriers];
-    for pair in rest.chunks_exact(2) {
-        let c = match &pair[0] {
+    let mut orders: Vec<Option<Arc<[Carried]>>> = vec![None; call.couriers];
+    for t in rest.chunks_exact(3) {
+        let c = match &t[0] {
             Value::Int(c) if (1..=call.couriers as i64).contains(c) => *c as usize,
             other => return Err(format!("unexpected courier {other:?}")),
         };
-        let order = match &pair[1] {
+        let list = match &t[1] {
             Value::BulkString(b) => {
-                String::from_utf8(b.clone()).map_err(|_| "order id is not UTF-8".to_string())?
+                std::str::from_utf8(b).map_err(|_| "order id is not UTF-8".to_string())?
             }
             other => return Err(format!("unexpected order {other:?}")),
         };
-        if !order.is_empty() {
-            orders[c - 1] = Some(order);
+        let places = match &t[2] {
+            Value::Array(p) => p.as_slice(),
+            Value::Nil => &[],
+            other => return Err(format!("unexpected places {other:?}")),
+        };
+        let carried: Vec<Carried> = list
+            .split(',')
+            .filter(|o| !o.is_empty())
+            .enumerate()
+            .map(|(i, o)| Carried {
+                order: o.to_string(),
+                places: match places.get(i) {
+                    Some(Value::BulkString(b)) => {
+                        std::str::from_utf8(b).ok().and_then(Places::decode)
+                    }
+                    _ => None,
+                },
+            })
+            .collect();
+        if !carried.is_empty() {
+            orders[c - 1] = Some(carried.into());
         }
     }
     let mut verdicts = vec![Verdict::Stale; call.judged.len()];
@@ -249,7 +280,7 @@ pub fn parse_reply(reply: &[redis::Value], call: &ScriptCall) -> Result<Vec<Verd
             b'0' => Verdict::Stale,
             b'1' | b'2' => Verdict::Accepted {
                 reset: code == b'2',
-                order: orders[call.courier[i] as usize - 1].clone(),
+                orders: orders[call.courier[i] as usize - 1].clone(),
             },
             b'3' => Verdict::Offline,
             c => return Err(format!("unknown verdict code {c}")),
@@ -480,18 +511,46 @@ mod tests {
         // Judged as c1 (entries 0, 2), c2 (1), c3 (3).
         let codes = |c: &str| Value::BulkString(c.as_bytes().to_vec());
         let order = |o: &str| Value::BulkString(o.as_bytes().to_vec());
-        let reply = vec![codes("1203"), Value::Int(1), order("o-42")];
+        let places = |p: &[Option<&str>]| {
+            Value::Array(
+                p.iter()
+                    .map(|p| p.map_or(Value::Nil, |p| Value::BulkString(p.as_bytes().to_vec())))
+                    .collect(),
+            )
+        };
+        let reply = vec![
+            codes("1203"),
+            Value::Int(1),
+            order("o-42,o-43"),
+            places(&[None, Some("24.7,46.6||p")]),
+        ];
+        let carried: Arc<[Carried]> = vec![
+            Carried {
+                order: "o-42".into(),
+                places: None,
+            },
+            Carried {
+                order: "o-43".into(),
+                places: Some(Places {
+                    pickup: Some((24.7, 46.6)),
+                    dropoff: None,
+                    pickup_reported: true,
+                    dropoff_reported: false,
+                }),
+            },
+        ]
+        .into();
         assert_eq!(
             parse_reply(&reply, &call).unwrap(),
             vec![
                 Verdict::Accepted {
                     reset: false,
-                    order: Some("o-42".into())
+                    orders: Some(carried.clone())
                 },
                 Verdict::Stale,
                 Verdict::Accepted {
                     reset: true,
-                    order: Some("o-42".into())
+                    orders: Some(carried)
                 },
                 Verdict::Offline,
             ]
@@ -500,16 +559,33 @@ mod tests {
             parse_reply(&[codes("0110")], &call).unwrap()[1],
             Verdict::Accepted {
                 reset: false,
-                order: None
+                orders: None
             }
         );
-        // An empty order is no order.
+        // An empty order is no order; unreadable places are none.
         assert_eq!(
-            parse_reply(&[codes("1000"), Value::Int(1), order("")], &call).unwrap()[0],
+            parse_reply(
+                &[codes("1000"), Value::Int(1), order(""), places(&[])],
+                &call
+            )
+            .unwrap()[0],
             Verdict::Accepted {
                 reset: false,
-                order: None
+                orders: None
             }
+        );
+        let odd = parse_reply(
+            &[
+                codes("1000"),
+                Value::Int(1),
+                order("o"),
+                places(&[Some("nonsense")]),
+            ],
+            &call,
+        )
+        .unwrap();
+        assert!(
+            matches!(&odd[0], Verdict::Accepted { orders: Some(o), .. } if o[0].places.is_none())
         );
         for bad in [
             vec![codes("120")],
@@ -518,10 +594,17 @@ mod tests {
             vec![Value::Int(1)],
             vec![],
             vec![codes("1203"), Value::Int(1)],
-            vec![codes("1203"), Value::Int(0), order("o")],
-            vec![codes("1203"), Value::Int(4), order("o")],
-            vec![codes("1203"), Value::Int(1), Value::Int(2)],
-            vec![codes("1203"), Value::Int(1), Value::BulkString(vec![0xff])],
+            vec![codes("1203"), Value::Int(1), order("o")],
+            vec![codes("1203"), Value::Int(0), order("o"), Value::Nil],
+            vec![codes("1203"), Value::Int(4), order("o"), Value::Nil],
+            vec![codes("1203"), Value::Int(1), Value::Int(2), Value::Nil],
+            vec![codes("1203"), Value::Int(1), order("o"), Value::Int(2)],
+            vec![
+                codes("1203"),
+                Value::Int(1),
+                Value::BulkString(vec![0xff]),
+                Value::Nil,
+            ],
         ] {
             assert!(parse_reply(&bad, &call).is_err(), "{bad:?}");
         }

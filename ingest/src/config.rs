@@ -47,6 +47,15 @@ pub struct IngestConfig {
     /// its retries.
     #[serde(with = "courier_wire::duration")]
     pub redis_retry_for: Duration,
+    /// Arrival radius around an order's pickup and drop-off places, metres
+    /// (`courier.arriving_pickup` / `_dropoff`, ingest/src/arrival.rs).
+    pub arrival_radius_m: f64,
+    /// Hysteresis band of the radius, metres: a point counts as arrived within
+    /// `arrival_radius_m - arrival_margin_m`, so GPS jitter around the radius reports nothing.
+    pub arrival_margin_m: f64,
+    /// Cap of the Redis events stream: `notify.stream_max`, set from there.
+    #[serde(skip)]
+    pub events_stream_max: u64,
 }
 
 impl Default for IngestConfig {
@@ -65,6 +74,9 @@ impl Default for IngestConfig {
             max_payload_bytes: 512,
             max_future_skew: Duration::from_secs(300),
             redis_retry_for: Duration::from_secs(5),
+            arrival_radius_m: 150.0,
+            arrival_margin_m: 30.0,
+            events_stream_max: 100_000,
         }
     }
 }
@@ -126,10 +138,25 @@ impl IngestConfig {
                 "ingest.evict_after must be at least 1s and ingest.sweep_every above 0".into(),
             );
         }
+        if !(self.arrival_radius_m.is_finite()
+            && self.arrival_margin_m >= 0.0
+            && self.arrival_margin_m < self.arrival_radius_m
+            && self.arrival_radius_m <= 10_000.0)
+        {
+            return Err("ingest.arrival_margin_m must be at least 0 and below ingest.arrival_radius_m (at most 10000)".into());
+        }
         if self.seq_forget_after < self.evict_after {
             return Err("ingest.seq_forget_after must be at least ingest.evict_after".into());
         }
         Ok(())
+    }
+
+    /// The arrival rule of these settings.
+    pub fn arrival(&self) -> crate::arrival::Rule {
+        crate::arrival::Rule {
+            radius_m: self.arrival_radius_m,
+            margin_m: self.arrival_margin_m,
+        }
     }
 
     /// The point limits derived from these settings.

@@ -19,6 +19,8 @@ pub struct Stats {
     pub seq_resets: AtomicU64,
     pub tracks_published: AtomicU64,
     pub tracks_dropped: AtomicU64,
+    /// Arrivals reported (`courier.arriving_*` events written).
+    pub arrivals: AtomicU64,
     pub evicted_silent: AtomicU64,
     pub evicted_offline: AtomicU64,
     /// `offline` statuses lost with a failed batch (the courier stays live until the sweep).
@@ -59,6 +61,8 @@ pub struct Tally {
     pub status_errors: u64,
     pub tracks_published: u64,
     pub tracks_dropped: u64,
+    /// Arrival events written for this batch.
+    pub arrivals: u64,
 }
 
 impl Tally {
@@ -85,6 +89,7 @@ pub(crate) struct Metrics {
     resets: Counter,
     tracks: Counter,
     tracks_dropped: Counter,
+    arrivals: Counter,
     evicted_silent: Counter,
     evicted_offline: Counter,
     status_errors: Counter,
@@ -112,6 +117,7 @@ impl Metrics {
             resets: counter!(m::INGEST_SEQ_RESETS),
             tracks: counter!(m::INGEST_TRACKS_PUBLISHED),
             tracks_dropped: counter!(m::INGEST_TRACKS_DROPPED),
+            arrivals: counter!(m::INGEST_ARRIVALS),
             evicted_silent: counter!(m::INGEST_EVICTED, "reason" => "silent"),
             evicted_offline: counter!(m::INGEST_EVICTED, "reason" => "offline"),
             status_errors: counter!(m::INGEST_STATUS_ERRORS),
@@ -140,6 +146,7 @@ impl Metrics {
                 &stats.tracks_dropped,
                 t.tracks_dropped,
             ),
+            (&self.arrivals, &stats.arrivals, t.arrivals),
             (&self.evicted_offline, &stats.evicted_offline, t.offline),
             (&self.status_errors, &stats.status_errors, t.status_errors),
         ];

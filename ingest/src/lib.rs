@@ -10,6 +10,7 @@
 //! `batch` is the pure core (validation, script arguments, reply parsing); `source` and `sink`
 //! are the MQTT and Redis edges; `events` counts.
 
+pub mod arrival;
 pub mod batch;
 pub mod config;
 pub mod error;
@@ -45,7 +46,12 @@ impl Ingest {
     /// intake stops, queued messages are written, the last tracks published, and it returns.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), IngestError> {
         self.config.validate().map_err(IngestError::Config)?;
-        let sink = RedisSink::connect(&self.redis_url, self.keys.clone()).await?;
+        let sink = RedisSink::connect(
+            &self.redis_url,
+            self.keys.clone(),
+            self.config.events_stream_max,
+        )
+        .await?;
         self.stats.redis_up.set(true);
         let metrics = Arc::new(events::Metrics::new());
         let tasks = TaskTracker::new();

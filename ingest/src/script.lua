@@ -3,11 +3,13 @@
 -- courier (a shared subscription hands them out round robin) cannot overwrite a newer point
 -- with an older one.
 --
--- KEYS: 1 live (GEO), 2 seen (ZSET), 3 order (HASH courier -> order), 4 seq (HASH courier -> state),
+-- KEYS: 1 live (GEO), 2 seen (ZSET), 3 order (HASH courier -> his orders, comma-separated),
+--       4 seq (HASH courier -> state),
 --       5 this batch's record: its reply, kept 30 s (retries stop after ingest.redis_retry_for,
 --       at most 20 s). A batch retried after a response timeout (Redis had applied it) gets the
 --       reply of its first run back instead of being judged again, when every point would be
 --       stale (its own seq) and no track sent.
+--       6 order:places (HASH), 7 order:tenant (HASH), 8 events (STREAM), 9 events:dropped
 -- ARGV: 1 now (server unix seconds), 2 reset_after (seconds), 3 the batch, one MessagePack
 --       array (ingest/src/batch.rs, script_call): per courier, each once, in the order of his
 --       first entry: id, n, then his n entries in batch order, three values each: seq, ts and
@@ -27,10 +29,16 @@
 -- A courier's entries are judged in turn, each against the state the one before left; only his
 -- last accepted point reaches live and seen (an earlier one would be overwritten in the same
 -- call), unless an `offline` after it removes him.
--- Returns { codes, then courier, order for each courier with an accepted point and an order }:
--- codes holds one character per entry in the order above ('0' stale, '1' accepted, '2' accepted
--- as reset, '3' offline handled); courier counts from 1 in the order above.
+--       4 the events stream's cap (courier_wire::events; 0: no events)
+-- Returns { codes, then courier, orders, places for each courier with an accepted point and an
+-- order }: codes holds one character per entry in the order above ('0' stale, '1' accepted,
+-- '2' accepted as reset, '3' offline handled); courier counts from 1 in the order above; orders
+-- is his courier:order value; places an array, one order:places value (or nil) per order of
+-- it, from one HMGET for the batch: ingest decides arrival from them (ingest/src/arrival.rs).
+-- A courier removed by his `offline` while carrying orders emits `courier.offline_during_order`
+-- for each.
 local live, seen, orders, seqs, record = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local places_key, tenants, events, dropped = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local done = redis.call('GET', record)
 if done then
   return cmsgpack.unpack(done)
@@ -56,6 +64,7 @@ local carried = redis.call('HMGET', orders, unpack(ids))
 local pack, unpack_state, match, byte = struct.pack, struct.unpack, string.match, string.byte
 local codes, out, ncodes, nout = {}, { false }, 0, 1
 local geo, zs, hs, gone = {}, {}, {}, {} -- ZADD live, ZADD seen, HSET seq, ZREM both
+local offline = {} -- order, courier of each order whose courier went offline
 local ngeo, nhs, ngone = 0, 0, 0
 for c = 1, nc do
   local id = ids[c]
@@ -122,11 +131,47 @@ for c = 1, nc do
     gone[ngone] = id
   end
   local order = carried[c]
-  if accepted and order and order ~= '' then
-    out[nout + 1] = c
-    out[nout + 2] = order
-    nout = nout + 2
+  if order and order ~= '' then
+    if final < 0 then
+      for o in string.gmatch(order, '[^,]+') do
+        offline[#offline + 1] = o
+        offline[#offline + 1] = id
+      end
+    end
+    if accepted then
+      out[nout + 1] = c
+      out[nout + 2] = order
+      out[nout + 3] = false
+      nout = nout + 3
+    end
   end
+end
+
+-- The places of every order of the couriers above, in one HMGET.
+if nout > 1 then
+  local names, slots = {}, {}
+  for k = 3, nout, 3 do
+    local first = #names + 1
+    for o in string.gmatch(out[k], '[^,]+') do
+      names[#names + 1] = o
+    end
+    slots[k] = first
+  end
+  local got = redis.call('HMGET', places_key, unpack(names))
+  for k = 3, nout, 3 do
+    local p, n = {}, 0
+    for q = slots[k], (slots[k + 3] or (#names + 1)) - 1 do
+      n = n + 1
+      p[n] = got[q]
+    end
+    out[k + 1] = p
+  end
+end
+for k = 1, #offline, 2 do
+  local o, id = offline[k], offline[k + 1]
+  emit(events, dropped, ARGV[4], 'courier.offline_during_order',
+    'courier.offline_during_order:' .. o .. ':' .. id .. ':' .. math.floor(now), o, id,
+    redis.call('HGET', tenants, o) or 'default', now_s)
 end
 
 if ngone > 0 then

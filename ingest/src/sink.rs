@@ -3,44 +3,72 @@
 //! reconnects by itself.
 
 use crate::error::IngestError;
+use courier_wire::events::with_emit;
 use courier_wire::Keys;
 use redis::aio::ConnectionManager;
 use redis::{Cmd, Script, Value};
+use std::sync::Arc;
 use std::time::Duration;
 
 const BATCH_LUA: &str = include_str!("script.lua");
 const EVICT_LUA: &str = include_str!("evict.lua");
 const FORGET_LUA: &str = include_str!("forget.lua");
+const ARRIVE_LUA: &str = include_str!("arrive.lua");
 
-/// Connection plus the three scripts of ingest.
+/// The batch script as Redis runs it (with the events prelude), for tests and benches.
+pub fn batch_lua() -> String {
+    with_emit(BATCH_LUA)
+}
+
+/// The batch script's KEYS, in the order of its header; `record` names this batch's record
+/// (`Keys::batch_record` + the batch id). Its ARGV: [`crate::batch::script_call`]'s, then the
+/// events cap.
+pub fn batch_keys<'k>(k: &'k Keys, record: &'k str) -> [&'k str; 9] {
+    [
+        &k.live,
+        &k.seen,
+        &k.order,
+        &k.seq,
+        record,
+        &k.order_places,
+        &k.order_tenant,
+        &k.events,
+        &k.events_dropped,
+    ]
+}
+
+/// Connection plus the four scripts of ingest.
 #[derive(Clone)]
 pub struct RedisSink {
     conn: ConnectionManager,
     keys: Keys,
+    /// Cap of the events stream (`notify.stream_max`; 0: no events).
+    events_cap: u64,
     batch: Lua,
     evict: Lua,
     forget: Lua,
+    arrive: Lua,
 }
 
 /// A script and its source (for SCRIPT LOAD).
 #[derive(Clone)]
 struct Lua {
     script: Script,
-    code: &'static str,
+    code: Arc<str>,
 }
 
 impl Lua {
-    fn new(code: &'static str) -> Self {
+    fn new(code: String) -> Self {
         Lua {
-            script: Script::new(code),
-            code,
+            script: Script::new(&code),
+            code: code.into(),
         }
     }
 }
 
 impl RedisSink {
     /// Connects (failing fast when Redis is unreachable at start-up) and loads the scripts.
-    pub async fn connect(url: &str, keys: Keys) -> Result<Self, IngestError> {
+    pub async fn connect(url: &str, keys: Keys, events_cap: u64) -> Result<Self, IngestError> {
         let client = redis::Client::open(url)?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(2)))
@@ -50,11 +78,13 @@ impl RedisSink {
         let sink = RedisSink {
             conn,
             keys,
-            batch: Lua::new(BATCH_LUA),
-            evict: Lua::new(EVICT_LUA),
-            forget: Lua::new(FORGET_LUA),
+            events_cap,
+            batch: Lua::new(batch_lua()),
+            evict: Lua::new(with_emit(EVICT_LUA)),
+            forget: Lua::new(FORGET_LUA.to_string()),
+            arrive: Lua::new(with_emit(ARRIVE_LUA)),
         };
-        for s in [&sink.batch, &sink.evict, &sink.forget] {
+        for s in [&sink.batch, &sink.evict, &sink.forget, &sink.arrive] {
             sink.load(s).await?;
         }
         Ok(sink)
@@ -72,7 +102,7 @@ impl RedisSink {
         let mut c = self.conn.clone();
         let _: String = redis::cmd("SCRIPT")
             .arg("LOAD")
-            .arg(script.code)
+            .arg(&*script.code)
             .query_async(&mut c)
             .await?;
         Ok(())
@@ -103,8 +133,8 @@ impl RedisSink {
     pub async fn batch(&self, batch_id: &str, args: &[Vec<u8>]) -> Result<Vec<Value>, IngestError> {
         let k = &self.keys;
         let record = format!("{}{batch_id}", k.batch_record);
-        let mut cmd = Self::evalsha(&self.batch, &[&k.live, &k.seen, &k.order, &k.seq, &record]);
-        cmd.arg(args);
+        let mut cmd = Self::evalsha(&self.batch, &batch_keys(k, &record));
+        cmd.arg(args).arg(self.events_cap);
         match self.run(&self.batch, &cmd).await? {
             Value::Array(v) => Ok(v),
             other => Err(IngestError::Reply(format!(
@@ -116,11 +146,45 @@ impl RedisSink {
     /// Removes up to `limit` couriers last seen before `cutoff`; returns how many.
     pub async fn evict(&self, cutoff: f64, limit: usize) -> Result<u64, IngestError> {
         let k = &self.keys;
-        let mut cmd = Self::evalsha(&self.evict, &[&k.live, &k.seen]);
-        cmd.arg(cutoff).arg(limit);
+        let keys = [
+            &k.live,
+            &k.seen,
+            &k.order,
+            &k.order_tenant,
+            &k.events,
+            &k.events_dropped,
+        ];
+        let mut cmd = Self::evalsha(&self.evict, &keys.map(String::as_str));
+        cmd.arg(cutoff)
+            .arg(limit)
+            .arg(self.events_cap)
+            .arg(courier_wire::clock::unix_now());
         match self.run(&self.evict, &cmd).await? {
             Value::Int(n) => Ok(n.max(0) as u64),
             other => Err(IngestError::Reply(format!("evict returned {other:?}"))),
+        }
+    }
+
+    /// Writes the arrival events a batch decided: (order, courier, place flag) each; returns
+    /// how many were new (each order and place is reported once).
+    pub async fn arrive(&self, arrivals: &[(&str, &str, &str)]) -> Result<u64, IngestError> {
+        let k = &self.keys;
+        let keys = [
+            &k.order_places,
+            &k.order_courier,
+            &k.order_tenant,
+            &k.events,
+            &k.events_dropped,
+        ];
+        let mut cmd = Self::evalsha(&self.arrive, &keys.map(String::as_str));
+        cmd.arg(self.events_cap)
+            .arg(courier_wire::clock::unix_now());
+        for (order, courier, place) in arrivals {
+            cmd.arg(*order).arg(*courier).arg(*place);
+        }
+        match self.run(&self.arrive, &cmd).await? {
+            Value::Int(n) => Ok(n.max(0) as u64),
+            other => Err(IngestError::Reply(format!("arrive returned {other:?}"))),
         }
     }
 

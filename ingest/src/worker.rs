@@ -22,6 +22,7 @@ struct Ctx {
     limits: Validation,
     reset_after: f64,
     retry_for: Duration,
+    arrival: crate::arrival::Rule,
     metrics: Arc<Metrics>,
     stats: Arc<Stats>,
 }
@@ -67,6 +68,7 @@ pub(crate) async fn run(
         limits: config.validation(),
         reset_after: config.seq_reset_after.as_secs_f64(),
         retry_for: config.redis_retry_for,
+        arrival: config.arrival(),
         metrics,
         stats,
     });
@@ -107,7 +109,12 @@ async fn process(ctx: &Ctx, messages: Vec<Message>) {
         let batch_id = next_batch_id();
         match call_with_retry(ctx, &batch_id, &call.args).await {
             Ok(reply) => match batch::parse_reply(&reply, &call) {
-                Ok(verdicts) => apply(ctx, &mut plan, &verdicts),
+                Ok(verdicts) => {
+                    let arrivals = apply(ctx, &mut plan, &verdicts);
+                    if !arrivals.is_empty() {
+                        report_arrivals(ctx, &mut plan, &arrivals).await;
+                    }
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "batch script reply unreadable; batch counted as error");
                     plan.failed();
@@ -122,30 +129,70 @@ async fn process(ctx: &Ctx, messages: Vec<Message>) {
     ctx.metrics.batch(&ctx.stats, &plan.tally);
 }
 
-fn apply(ctx: &Ctx, plan: &mut batch::Plan<'_>, verdicts: &[Verdict]) {
+/// An arrival a batch decided: order, courier, place.
+type Arrival<'v, 'a> = (&'v str, &'a str, crate::arrival::Place);
+
+/// Counts the verdicts, publishes every accepted point to the track of each order its courier
+/// carries, and returns the arrivals at those orders' places (each order and place once).
+fn apply<'v, 'a>(
+    ctx: &Ctx,
+    plan: &mut batch::Plan<'a>,
+    verdicts: &'v [Verdict],
+) -> Vec<Arrival<'v, 'a>> {
+    let mut arrivals: Vec<Arrival<'v, 'a>> = Vec::new();
     let t = &mut plan.tally;
     for (entry, verdict) in plan.entries.iter().zip(verdicts) {
         match (entry, verdict) {
-            (Entry::Point { point, received }, Verdict::Accepted { reset, order }) => {
+            (Entry::Point { point, received }, Verdict::Accepted { reset, orders }) => {
                 t.accepted += 1;
                 t.seq_resets += u64::from(*reset);
                 ctx.metrics.phone_lag.record((received - point.ts).max(0.0));
-                let Some(order) = order else { continue };
-                if !topic::valid_id(order) {
-                    tracing::warn!(courier = %point.id, "courier:order holds an unusable order id; no track published");
-                    continue;
-                }
-                let payload = encode_track(point.lat, point.lon, point.ts);
-                match ctx
-                    .client
-                    .try_publish(track_topic(order), QoS::AtMostOnce, false, payload)
-                {
-                    Ok(()) => t.tracks_published += 1,
-                    Err(_) => t.tracks_dropped += 1,
+                let Some(orders) = orders else { continue };
+                for carried in orders.iter() {
+                    let order = carried.order.as_str();
+                    if !topic::valid_id(order) {
+                        tracing::warn!(courier = %point.id, "courier:order holds an unusable order id; no track published");
+                        continue;
+                    }
+                    let payload = encode_track(point.lat, point.lon, point.ts);
+                    match ctx.client.try_publish(
+                        track_topic(order),
+                        QoS::AtMostOnce,
+                        false,
+                        payload,
+                    ) {
+                        Ok(()) => t.tracks_published += 1,
+                        Err(_) => t.tracks_dropped += 1,
+                    }
+                    let Some(places) = &carried.places else {
+                        continue;
+                    };
+                    for place in ctx.arrival.arrivals((point.lat, point.lon), places) {
+                        if !arrivals.iter().any(|(o, _, p)| *o == order && *p == place) {
+                            arrivals.push((order, point.id, place));
+                        }
+                    }
                 }
             }
             (Entry::Point { .. }, _) => t.stale += 1,
             (Entry::Offline(_), _) => t.offline += 1,
+        }
+    }
+    arrivals
+}
+
+/// One call for the batch's arrivals (rare: a courier reaches a place once per order). A
+/// failure is logged and the arrival is decided again from his next point.
+async fn report_arrivals(ctx: &Ctx, plan: &mut batch::Plan<'_>, arrivals: &[Arrival<'_, '_>]) {
+    let args: Vec<(&str, &str, &str)> = arrivals
+        .iter()
+        .map(|(o, c, p)| (*o, *c, p.flag()))
+        .collect();
+    match ctx.sink.arrive(&args).await {
+        Ok(n) => plan.tally.arrivals += n,
+        Err(e) => {
+            ctx.metrics.redis_error(e.is_retryable());
+            tracing::warn!(error = %e, arrivals = arrivals.len(), "arrival events not written; the next point decides again");
         }
     }
 }

@@ -14,7 +14,10 @@ use proptest::prelude::*;
 use redis::Value;
 
 const NOW: f64 = 1_764_460_800.0;
-const SCRIPT: &str = include_str!("../src/script.lua");
+fn script() -> &'static str {
+    static S: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    S.get_or_init(ingest::sink::batch_lua)
+}
 const FORGET: &str = include_str!("../src/forget.lua");
 
 fn conn() -> redis::Connection {
@@ -36,6 +39,10 @@ fn cleanup(c: &mut redis::Connection, k: &Keys) {
         .arg(&k.seen)
         .arg(&k.order)
         .arg(&k.seq)
+        .arg(&k.order_places)
+        .arg(&k.order_tenant)
+        .arg(&k.events)
+        .arg(&k.events_dropped)
         .query(c)
         .unwrap();
 }
@@ -51,17 +58,16 @@ fn eval(
     record: &str,
     args: &[Vec<u8>],
 ) -> Vec<Value> {
-    redis::cmd("EVAL")
-        .arg(lua)
-        .arg(5)
-        .arg(&k.live)
-        .arg(&k.seen)
-        .arg(&k.order)
-        .arg(&k.seq)
-        .arg(record)
-        .arg(args)
-        .query(c)
-        .unwrap()
+    let mut cmd = redis::cmd("EVAL");
+    // v1 reads its five keys and ignores the rest; only the current script takes the cap.
+    cmd.arg(lua)
+        .arg(9)
+        .arg(&ingest::sink::batch_keys(k, record))
+        .arg(args);
+    if lua == script() {
+        cmd.arg(1000);
+    }
+    cmd.query(c).unwrap()
 }
 
 /// The position a test point of courier `id` with `seq` and `ts` is at.
@@ -95,7 +101,7 @@ fn offline(id: &str) -> Message {
 fn run_current(c: &mut redis::Connection, k: &Keys, msgs: &[Message], now: f64) -> Vec<Verdict> {
     let plan = batch::plan(msgs, &Validation::default(), NOW);
     let call = batch::script_call(&plan, now, 30.0);
-    let reply = eval(c, SCRIPT, k, &record(k), &call.args);
+    let reply = eval(c, script(), k, &record(k), &call.args);
     batch::parse_reply(&reply, &call).unwrap()
 }
 
@@ -297,11 +303,11 @@ fn the_rule_table() {
         |c: &mut redis::Connection, m: Message, now: f64| run_current(c, &k, &[m], now)[0].clone();
     let yes = Verdict::Accepted {
         reset: false,
-        order: None,
+        orders: None,
     };
     let reset = Verdict::Accepted {
         reset: true,
-        order: None,
+        orders: None,
     };
     // 1. no state: accepted, a new epoch at t.
     assert_eq!(run(&mut c, point("r", 500, t), NOW), yes);
@@ -364,7 +370,13 @@ fn a_couriers_entries_in_one_batch() {
     let v = run_current(&mut c, &k, &msgs, NOW);
     let order = |o: Option<&str>| Verdict::Accepted {
         reset: false,
-        order: o.map(String::from),
+        orders: o.map(|o| {
+            vec![batch::Carried {
+                order: o.to_string(),
+                places: None,
+            }]
+            .into()
+        }),
     };
     assert_eq!(
         v,
@@ -430,7 +442,7 @@ fn text_state_of_the_previous_version_is_read() {
         .unwrap();
     let yes = Verdict::Accepted {
         reset: false,
-        order: None,
+        orders: None,
     };
     let v = run_current(
         &mut c,
@@ -457,7 +469,7 @@ fn text_state_of_the_previous_version_is_read() {
             yes,
             Verdict::Accepted {
                 reset: true,
-                order: None
+                orders: None
             }
         ]
     );
@@ -489,7 +501,7 @@ fn v1_reads_packed_state_as_none() {
     let t = NOW - 100.0;
     let yes = Verdict::Accepted {
         reset: false,
-        order: None,
+        orders: None,
     };
     assert_eq!(
         run_current(&mut c, &k, &[point("d", 5, t)], NOW),
@@ -525,13 +537,19 @@ fn a_retried_batch_gets_the_reply_of_its_first_run() {
     let plan = batch::plan(&msgs, &Validation::default(), NOW);
     let call = batch::script_call(&plan, NOW, 30.0);
     let rec = record(&k);
-    let first = batch::parse_reply(&eval(&mut c, SCRIPT, &k, &rec, &call.args), &call).unwrap();
-    let again = batch::parse_reply(&eval(&mut c, SCRIPT, &k, &rec, &call.args), &call).unwrap();
+    let first = batch::parse_reply(&eval(&mut c, script(), &k, &rec, &call.args), &call).unwrap();
+    let again = batch::parse_reply(&eval(&mut c, script(), &k, &rec, &call.args), &call).unwrap();
     let other =
-        batch::parse_reply(&eval(&mut c, SCRIPT, &k, &record(&k), &call.args), &call).unwrap();
+        batch::parse_reply(&eval(&mut c, script(), &k, &record(&k), &call.args), &call).unwrap();
     let yes = Verdict::Accepted {
         reset: false,
-        order: Some("ord-rb".into()),
+        orders: Some(
+            vec![batch::Carried {
+                order: "ord-rb".into(),
+                places: None,
+            }]
+            .into(),
+        ),
     };
     assert_eq!(first, vec![yes.clone(), Verdict::Offline]);
     assert_eq!(again, first, "the retry was judged again");

@@ -8,6 +8,10 @@ use std::time::Duration;
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct NotifyConfig {
+    /// Order events the Redis events stream holds at most, for the relays to take. Past it the
+    /// scripts that emit count new events (`notify_events_dropped_total`) instead of writing
+    /// them; `0` writes no events at all (no notify role deployed). About 150 B each.
+    pub stream_max: u64,
     /// Consumer group of the relays on the Redis events stream (several processes share it).
     pub group: String,
     /// Events the relay moves from Redis to the outbox per round.
@@ -55,6 +59,7 @@ pub struct NotifyConfig {
 impl Default for NotifyConfig {
     fn default() -> Self {
         NotifyConfig {
+            stream_max: 100_000,
             group: "notify".into(),
             relay_batch: 500,
             relay_claim_after: Duration::from_secs(30),

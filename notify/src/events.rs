@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 /// The kinds of event the pipeline emits (the API accepts only these in an endpoint's list).
-pub const KINDS: &[&str] = &["order.assigned", "order.picked_up", "order.delivered"];
+pub use courier_wire::events::KINDS;
 
 fn kind_label(kind: &str) -> &'static str {
     KINDS

@@ -582,6 +582,12 @@ pub async fn cleanup(keys: &Keys) {
         .arg(&keys.seen)
         .arg(&keys.order)
         .arg(&keys.seq)
+        .arg(&keys.order_courier)
+        .arg(&keys.orders_ended)
+        .arg(&keys.order_tenant)
+        .arg(&keys.order_places)
+        .arg(&keys.events)
+        .arg(&keys.events_dropped)
         .query_async(&mut r)
         .await
         .unwrap();

@@ -10,7 +10,8 @@ pub struct Keys {
     pub live: String,
     /// ZSET: server time of each courier's last accepted point (eviction).
     pub seen: String,
-    /// HASH: courier id -> order id while he carries it.
+    /// HASH: courier id -> the orders he carries, comma-separated, oldest first (one order:
+    /// its id alone).
     pub order: String,
     /// HASH: courier id -> seq state used by the batch script (packed; see docs/rules.md).
     pub seq: String,
@@ -31,6 +32,9 @@ pub struct Keys {
     pub events_dropped: String,
     /// HASH: order id -> tenant (the order service that assigned it) while the order runs.
     pub order_tenant: String,
+    /// HASH: order id -> its places and which arrivals were reported
+    /// ([`crate::events::Places`]) while the order runs.
+    pub order_places: String,
 }
 
 impl Keys {
@@ -48,6 +52,7 @@ impl Keys {
             events: format!("{prefix}events"),
             events_dropped: format!("{prefix}events:dropped"),
             order_tenant: format!("{prefix}order:tenant"),
+            order_places: format!("{prefix}order:places"),
         }
     }
 }
@@ -89,6 +94,7 @@ mod tests {
             &k.events,
             &k.events_dropped,
             &k.order_tenant,
+            &k.order_places,
         ] {
             assert!(key.starts_with("{riyadh}:"), "{key}");
         }

@@ -9,6 +9,7 @@
 pub mod clock;
 pub mod duration;
 pub mod endpoint;
+pub mod events;
 pub mod health;
 pub mod keys;
 pub mod metrics;

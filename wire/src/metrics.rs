@@ -25,6 +25,9 @@ pub const INGEST_SEQ_RESETS: &str = "ingest_seq_resets_total";
 pub const INGEST_TRACKS_PUBLISHED: &str = "ingest_tracks_published_total";
 /// Counter: tracks the MQTT client could not take (its request queue full).
 pub const INGEST_TRACKS_DROPPED: &str = "ingest_tracks_dropped_total";
+/// Counter: arrivals at an order's pickup or drop-off place that ingest reported (each order
+/// and place once).
+pub const INGEST_ARRIVALS: &str = "ingest_arrivals_total";
 /// Counter, label `reason`: silent | offline. Couriers removed from the live index.
 pub const INGEST_EVICTED: &str = "ingest_evicted_total";
 /// Counter: `offline` statuses whose batch did not reach Redis (those couriers stay live until
@@ -108,7 +111,7 @@ pub const TRAIL_REQUESTS: &str = "trail_requests_total";
 /// requests refused for their token (the caller is told only "401").
 pub const TRAIL_TOKEN_REFUSALS: &str = "trail_token_refusals_total";
 
-/// Counter, labels `kind` (order.assigned | order.picked_up | order.delivered | other) and
+/// Counter, labels `kind` (one of `crate::events::KINDS`, or other) and
 /// `result`: recorded (a new outbox row) | duplicate (already recorded: a relay retry) |
 /// invalid (a stream entry missing fields; dropped). Events the relay moved to the outbox.
 pub const NOTIFY_EVENTS: &str = "notify_events_total";
@@ -159,6 +162,7 @@ pub const ALL: &[&str] = &[
     INGEST_SEQ_RESETS,
     INGEST_TRACKS_PUBLISHED,
     INGEST_TRACKS_DROPPED,
+    INGEST_ARRIVALS,
     INGEST_EVICTED,
     INGEST_STATUS_ERRORS,
     MQTT_CONNECTION_EVENTS,
