@@ -19,7 +19,10 @@
 //! `fcall`: a Redis Function library registering `batch`, called with FCALL).
 //!
 //! `v1` is the script before the packed layout (`benches/v1.rs`: five ARGV strings per point,
-//! state as text); `current` is `src/script.lua` with `batch::script_call`.
+//! state as text); `current` is `src/script.lua` with `batch::script_call`; `places` is
+//! `current` with pickup and drop-off places on every order (50 km away, so no arrival fires):
+//! what reading the places and returning them costs (docs/events.md). Before the Redis rounds it
+//! prints ingest's own cost of the arrival rule per accepted point of a courier with an order.
 
 mod v1;
 
@@ -208,6 +211,24 @@ fn run(
     }
 }
 
+/// Ingest's CPU for the arrival rule: decoding an order's places and checking a point against
+/// both, as `worker::apply` does for each accepted point of a courier with an order.
+fn arrival_cost() {
+    let rule = ingest::IngestConfig::default().arrival();
+    let places =
+        courier_wire::events::Places::new(Some((24.7136, 46.6753)), Some((24.73, 46.69))).encode();
+    let n = 2_000_000u32;
+    let mut hits = 0usize;
+    let t = Instant::now();
+    for i in 0..n {
+        let p = courier_wire::events::Places::decode(std::hint::black_box(&places)).unwrap();
+        let at = (24.70 + f64::from(i % 1000) * 1e-5, 46.66);
+        hits += rule.arrivals(std::hint::black_box(at), &p).count();
+    }
+    let per = t.elapsed().as_secs_f64() * 1e9 / f64::from(n);
+    println!("arrival rule in ingest: {per:.0} ns per point of a courier with an order (decode + 2 places; {hits} hits)");
+}
+
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         println!("script: benchmark skipped (run it with cargo bench)");
@@ -261,6 +282,7 @@ fn main() {
         match name {
             "v1" => add("v1", V1_LUA.to_string(), Layout::V1),
             "current" => add("current", current_lua().to_string(), Layout::Current),
+            "places" => add("places", current_lua().to_string(), Layout::Current),
             other => panic!("unknown variant {other}"),
         }
     }
@@ -291,6 +313,15 @@ fn main() {
                 cmd.arg(&load.couriers[i]).arg(format!("ord-{i}"));
             }
             let _: () = cmd.query(&mut c).unwrap();
+            if v.name == "places" {
+                let far = courier_wire::events::Places::new(Some((25.2, 46.6)), Some((25.2, 46.7)));
+                let mut cmd = redis::cmd("HSET");
+                cmd.arg(&v.keys.order_places);
+                for &i in &carriers {
+                    cmd.arg(format!("ord-{i}")).arg(far.encode());
+                }
+                let _: () = cmd.query(&mut c).unwrap();
+            }
         }
         let t = Instant::now();
         run(&mut c, v, &v.warm_sha, &mut load, couriers, size);
@@ -303,6 +334,7 @@ fn main() {
         loads.push(load);
     }
 
+    arrival_cost();
     println!(
         "{couriers} couriers with state, {size} points per call, {DEPTH} calls in flight, {:.0}% carry an order; µs per point",
         orders * 100.0
