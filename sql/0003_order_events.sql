@@ -48,3 +48,34 @@ CREATE TABLE webhook_deliveries (
 CREATE INDEX ON webhook_deliveries (next_attempt_at) WHERE state = 'pending';
 CREATE INDEX ON webhook_deliveries (endpoint_id, done_at) WHERE state = 'dead';
 CREATE INDEX ON webhook_deliveries (done_at) WHERE state = 'delivered';
+
+-- Notices to a customer's closed app, through a push provider (docs/events.md). A device token
+-- belongs to one order; push_notices holds one row per (device, kind): UNIQUE, so however often
+-- an event is relayed or retried, a customer's phone is notified of it once.
+CREATE TABLE push_devices (
+    id             bigserial PRIMARY KEY,
+    tenant         text NOT NULL,
+    order_id       text NOT NULL,
+    token          text NOT NULL,
+    registered_at  timestamptz NOT NULL DEFAULT now(),
+    -- Set when the provider answered that the token is dead: no notice is sent to it again.
+    retired_at     timestamptz,
+    UNIQUE (order_id, token)
+);
+
+CREATE TABLE push_notices (
+    id               bigserial PRIMARY KEY,
+    event_id         bigint NOT NULL REFERENCES order_events (id) ON DELETE CASCADE,
+    device_id        bigint NOT NULL REFERENCES push_devices (id) ON DELETE CASCADE,
+    kind             text NOT NULL,
+    state            text NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'sent', 'dead', 'skipped')),
+    attempts         integer NOT NULL DEFAULT 0,
+    next_attempt_at  timestamptz NOT NULL DEFAULT now(),
+    first_attempt_at timestamptz,
+    last_status      integer,
+    last_error       text,
+    done_at          timestamptz,
+    UNIQUE (device_id, kind)
+);
+CREATE INDEX ON push_notices (next_attempt_at) WHERE state = 'pending';
+CREATE INDEX ON push_notices (done_at) WHERE state <> 'pending';

@@ -847,3 +847,178 @@ async fn arrivals_once_per_order_none_for_jitter_and_stacked_orders() {
     cleanup(&keys).await;
     schema.drop().await;
 }
+
+/// A fake push provider: answers by device token (`tok-dead` is unregistered, `tok-flaky`
+/// fails its first request), and records every request.
+#[derive(Clone, Default)]
+struct Provider {
+    seen: Arc<Mutex<Vec<(String, String, String)>>>, // token, notice_id, kind
+    flaked: Arc<std::sync::atomic::AtomicBool>,
+}
+
+async fn provide(
+    State(p): State<Provider>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    assert_eq!(
+        headers.get("authorization").and_then(|v| v.to_str().ok()),
+        Some("Bearer provider-key"),
+        "the provider key is sent"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let token = v["to"].as_str().unwrap().to_string();
+    p.seen.lock().unwrap().push((
+        token.clone(),
+        v["notice_id"].as_str().unwrap().to_string(),
+        v["data"]["kind"].as_str().unwrap().to_string(),
+    ));
+    match token.as_str() {
+        "tok-dead" => StatusCode::GONE.into_response(),
+        "tok-flaky" if !p.flaked.swap(true, Relaxed) => StatusCode::BAD_GATEWAY.into_response(),
+        _ => StatusCode::OK.into_response(),
+    }
+}
+
+/// Notices to a closed app: one per (device, kind) whatever the retries, a dead device token
+/// retired at the provider's first "gone" and never tried again, and the unique index that
+/// makes "once" hold even against a second writer.
+#[tokio::test]
+async fn push_notices_go_once_per_device_and_kind_and_dead_tokens_are_retired() {
+    let schema = pg_schema().await;
+    let keys = Keys::with_prefix(&prefix());
+    let broker = start_broker(BrokerKind::Embedded);
+    let f = start_fanout(&broker, keys.clone(), test_fanout_config()).await;
+    let provider = Provider::default();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let paddr = l.local_addr().unwrap();
+    let app = axum::Router::new()
+        .route("/push", axum::routing::post(provide))
+        .with_state(provider.clone());
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    let n = start_notify(
+        &keys,
+        &schema.url,
+        notify::NotifyConfig {
+            push_url: Some(format!("http://{paddr}/push")),
+            push_key: Some("provider-key".into()),
+            ..fast()
+        },
+    )
+    .await;
+    // Registering needs the service key.
+    let dev = |token: &str| format!(r#"{{"tenant":"acme","order_id":"o-p","token":"{token}"}}"#);
+    let r = http_post(n.http, "/notices/devices", &[], &dev("tok-x")).await;
+    assert_eq!(r.status, 401);
+    for t in ["tok-ok", "tok-flaky", "tok-dead"] {
+        let r = http_post(
+            n.http,
+            "/notices/devices",
+            &[("Authorization", &bearer())],
+            &dev(t),
+        )
+        .await;
+        assert_eq!(r.status, 201, "{r:?}");
+    }
+    let r = http_post(
+        n.http,
+        "/notices/devices",
+        &[("Authorization", &bearer())],
+        &dev("bad token"),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+
+    assign(&f, "o-p", "c-p", "acme").await; // order.assigned is not a customer notice by default
+    order_event(&f, "o-p", "picked_up").await;
+    let seen = |token: &str| {
+        provider
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(t, _, _)| t == token)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || seen("tok-flaky").len() == 2
+            && seen("tok-dead").len() == 1)
+        .await
+    );
+    // The flaky device got the same notice twice (a retry after 502), under one notice id.
+    let flaky = seen("tok-flaky");
+    assert_eq!(flaky[0].1, flaky[1].1);
+    let mut db = pg_connect(&schema.url).await;
+    history_writer::migrate(&mut db).await.unwrap();
+    let retired = wait_until_async(|| async {
+        db.query_one(
+            "SELECT count(*) FROM push_devices WHERE token = 'tok-dead' AND retired_at IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+            == 1
+    })
+    .await;
+    assert!(retired, "the dead token was not retired");
+
+    // Delivered after the retirement: tok-dead hears nothing more; the others once each.
+    order_event(&f, "o-p", "delivered").await;
+    assert!(
+        wait_until(Duration::from_secs(10), || seen("tok-ok").len() == 2
+            && seen("tok-flaky").len() == 3)
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let kinds = |t: &str| seen(t).into_iter().map(|(_, _, k)| k).collect::<Vec<_>>();
+    assert_eq!(kinds("tok-ok"), ["order.picked_up", "order.delivered"]);
+    assert_eq!(
+        kinds("tok-dead"),
+        ["order.picked_up"],
+        "a retired token is never tried again"
+    );
+    let r = http_get(
+        n.http,
+        "/notices?tenant=acme&order_id=o-p",
+        Some(TEST_SERVICE_KEY),
+    )
+    .await;
+    let list: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    let states: Vec<String> = list["notices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            format!(
+                "{} {}",
+                n["kind"].as_str().unwrap(),
+                n["state"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(states.len(), 5, "{states:?}: 3 picked_up + 2 delivered");
+    assert_eq!(
+        states.iter().filter(|s| s.ends_with("sent")).count(),
+        4,
+        "{states:?}"
+    );
+    // Once per (device, kind) is the unique index: a second writer of the same notice fails.
+    let dup = db
+        .execute(
+            "INSERT INTO push_notices (event_id, device_id, kind)
+             SELECT event_id, device_id, kind FROM push_notices LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        dup.code(),
+        Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
+    );
+    n.stop().await;
+    f.stop().await;
+    cleanup(&keys).await;
+    schema.drop().await;
+}

@@ -6,7 +6,10 @@
 //! - `GET /webhooks/endpoints?tenant=` -> the tenant's endpoints (breaker state, no secrets);
 //! - `DELETE /webhooks/endpoints/{id}?tenant=` -> 204: no more deliveries to it;
 //! - `GET /webhooks/dead-letters?tenant=&limit=` -> deliveries given up on, newest first;
-//! - `POST /webhooks/dead-letters/{id}/replay?tenant=` -> 202: in line again, as new.
+//! - `POST /webhooks/dead-letters/{id}/replay?tenant=` -> 202: in line again, as new;
+//! - `POST /notices/devices` `{"tenant", "order_id", "token"}` -> 201: the customer's app on
+//!   this device is notified of the order's events (`notify.push_kinds`), once each;
+//! - `GET /notices?tenant=&order_id=` -> the order's notices and their states.
 
 use crate::events::{self, KINDS};
 use crate::outbox;
@@ -60,6 +63,8 @@ pub(crate) fn router(api: Arc<Api>) -> Router {
         .route("/webhooks/endpoints/{id}", delete(disable))
         .route("/webhooks/dead-letters", get(dead_letters))
         .route("/webhooks/dead-letters/{id}/replay", post(replay))
+        .route("/notices/devices", post(register_device))
+        .route("/notices", get(list_notices))
         .layer(axum::extract::DefaultBodyLimit::max(8 * 1024))
         .with_state(api)
 }
@@ -160,6 +165,76 @@ struct NewEndpoint {
 struct TenantQuery {
     tenant: Option<String>,
     limit: Option<i64>,
+    order_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewDevice {
+    tenant: String,
+    order_id: String,
+    token: String,
+}
+
+async fn register_device(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    into_response(
+        async {
+            check_key(&api, &headers)?;
+            let d: NewDevice = serde_json::from_slice(&body).map_err(|e| {
+                bad(format!(
+                    "body: {e} (expected {{\"tenant\", \"order_id\", \"token\"}})"
+                ))
+            })?;
+            check_tenant(&d.tenant)?;
+            if !courier_wire::topic::valid_id(&d.order_id) {
+                return Err(bad("order ids are 1-64 of [A-Za-z0-9._:-]"));
+            }
+            if d.token.is_empty()
+                || d.token.len() > 4096
+                || !d.token.bytes().all(|b| b.is_ascii_graphic())
+            {
+                return Err(bad("token must be 1-4096 visible ASCII characters"));
+            }
+            let db = api.db().await?;
+            let (id, retired) = outbox::register_device(&db, &d.tenant, &d.order_id, &d.token)
+                .await
+                .map_err(storage)?;
+            Ok(ok(
+                StatusCode::CREATED,
+                json!({ "device_id": id, "order_id": d.order_id, "retired": retired }),
+            ))
+        }
+        .await,
+    )
+}
+
+async fn list_notices(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Query(q): Query<TenantQuery>,
+) -> Response {
+    into_response(
+        async {
+            check_key(&api, &headers)?;
+            let tenant = tenant_of(&q)?;
+            let order = q.order_id.as_deref().filter(|o| courier_wire::topic::valid_id(o));
+            let order = order.ok_or_else(|| bad("`order_id` is required"))?;
+            let db = api.db().await?;
+            let list = outbox::notices(&db, tenant, order).await.map_err(storage)?;
+            let list: Vec<_> = list
+                .into_iter()
+                .map(|(device, kind, state, attempts)| {
+                    json!({ "device_id": device, "kind": kind, "state": state, "attempts": attempts })
+                })
+                .collect();
+            Ok(ok(StatusCode::OK, json!({ "notices": list })))
+        }
+        .await,
+    )
 }
 
 fn tenant_of(q: &TenantQuery) -> Result<&str, Refused> {

@@ -54,6 +54,13 @@ pub struct NotifyConfig {
     /// Dead letters are deleted after this (replay them before).
     #[serde(with = "courier_wire::duration")]
     pub keep_dead: Duration,
+    /// The push provider adapter notices to customers' apps are POSTed to (notify/src/push.rs);
+    /// unset: no notices.
+    pub push_url: Option<String>,
+    /// Bearer key sent to the push provider, if it wants one.
+    pub push_key: Option<String>,
+    /// Event kinds a customer's registered device is notified of, once each.
+    pub push_kinds: Vec<String>,
 }
 
 impl Default for NotifyConfig {
@@ -75,6 +82,13 @@ impl Default for NotifyConfig {
             breaker_open: Duration::from_secs(60),
             keep_delivered: Duration::from_secs(7 * 24 * 3600),
             keep_dead: Duration::from_secs(30 * 24 * 3600),
+            push_url: None,
+            push_key: None,
+            push_kinds: vec![
+                "order.picked_up".into(),
+                "courier.arriving_dropoff".into(),
+                "order.delivered".into(),
+            ],
         }
     }
 }
@@ -104,7 +118,26 @@ impl NotifyConfig {
         if self.poll_interval.is_zero() || self.relay_claim_after.is_zero() {
             return Err("notify.poll_interval and notify.relay_claim_after must be > 0".into());
         }
+        if let Some(u) = &self.push_url {
+            crate::api::check_url(u).map_err(|e| format!("notify.push_url: {e}"))?;
+        }
+        if let Some(k) = self
+            .push_kinds
+            .iter()
+            .find(|k| !courier_wire::events::KINDS.contains(&k.as_str()))
+        {
+            return Err(format!("notify.push_kinds: unknown kind {k:?}"));
+        }
         Ok(())
+    }
+
+    /// The kinds notices are made for: none without a provider.
+    pub fn notice_kinds(&self) -> &[String] {
+        if self.push_url.is_some() {
+            &self.push_kinds
+        } else {
+            &[]
+        }
     }
 
     pub fn policy(&self) -> Policy {

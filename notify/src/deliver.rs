@@ -8,10 +8,10 @@
 //! another dispatcher tries again (at least once; the `webhook-id` lets the consumer dedupe).
 //! Per-endpoint ordering is not promised: retries and concurrent attempts reorder.
 
-use crate::breaker::Breaker;
 use crate::config::NotifyConfig;
 use crate::events::Stats;
-use crate::outbox::{self, Claimed, Outcome};
+use crate::outbox::{self, Claimed, ClaimedNotice, NoticeOutcome, Outcome};
+use crate::push;
 use crate::retry::{parse_retry_after, Next, Policy};
 use crate::sign;
 use bytes::Bytes;
@@ -91,29 +91,44 @@ pub async fn attempt(http: &HttpClient, c: &Claimed, timeout: Duration) -> Answe
         Ok(m) => m,
         Err(_) => return Answer::Failed("the endpoint's secret is unusable".into()),
     };
+    let headers = [
+        ("webhook-id", msg.id),
+        ("webhook-timestamp", msg.timestamp.to_string()),
+        ("webhook-signature", msg.signature),
+    ];
+    post(http, &c.url, &headers, msg.body, timeout).await
+}
+
+/// POSTs a JSON body with `headers` and reads the answer's status and `Retry-After`, all
+/// within `timeout`.
+pub async fn post(
+    http: &HttpClient,
+    url: &str,
+    headers: &[(&'static str, String)],
+    body: Vec<u8>,
+    timeout: Duration,
+) -> Answer {
     let mut req = match Request::builder()
         .method(Method::POST)
-        .uri(c.url.as_str())
-        .body(Full::new(Bytes::from(msg.body)))
+        .uri(url)
+        .body(Full::new(Bytes::from(body)))
     {
         Ok(r) => r,
-        Err(_) => return Answer::Failed("the endpoint's URL is unusable".into()),
+        Err(_) => return Answer::Failed("the URL is unusable".into()),
     };
     let h = req.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     h.insert(
         USER_AGENT,
-        HeaderValue::from_static("courier-pipeline-webhooks/1"),
+        HeaderValue::from_static("courier-pipeline-notify/1"),
     );
-    for (name, value) in [
-        ("webhook-id", msg.id),
-        ("webhook-timestamp", msg.timestamp.to_string()),
-        ("webhook-signature", msg.signature),
-    ] {
-        h.insert(
-            name,
-            HeaderValue::from_str(&value).expect("ASCII header values"),
-        );
+    for (name, value) in headers {
+        match HeaderValue::from_str(value) {
+            Ok(v) => {
+                h.insert(*name, v);
+            }
+            Err(_) => return Answer::Failed(format!("unusable {name} header")),
+        }
     }
     let exchange = async {
         let resp = http.request(req).await.map_err(|e| {
@@ -155,19 +170,31 @@ pub(crate) struct Dispatcher {
     pub http: HttpClient,
 }
 
-type Done = (Claimed, Outcome, Duration);
+/// One claimed unit of work: a webhook delivery or a push notice.
+enum Job {
+    Webhook(Claimed),
+    Notice(ClaimedNotice),
+}
+
+enum Done {
+    Webhook(Claimed, Outcome),
+    Notice(ClaimedNotice, NoticeOutcome),
+}
 
 impl Dispatcher {
     /// Delivers until `shutdown`, then lets the attempts in flight end (each within
     /// `timeout`), stores their outcomes and returns.
     pub async fn run(self, shutdown: CancellationToken) {
-        let policy = self.config.policy();
-        let breaker = self.config.breaker();
         let limit = self.config.concurrency;
-        let (tx, mut rx) = mpsc::channel::<Done>(limit);
+        let (tx, mut rx) = mpsc::channel::<(Done, Duration)>(limit);
         let mut db: Option<tokio_postgres::Client> = None;
-        let mut unsaved: Vec<Done> = Vec::new();
+        let mut unsaved: Vec<(Done, Duration)> = Vec::new();
         let mut in_flight = 0usize;
+        let push = self
+            .config
+            .push_url
+            .clone()
+            .map(|u| (u, self.config.push_key.clone()));
         loop {
             while let Ok(d) = rx.try_recv() {
                 in_flight -= 1;
@@ -179,22 +206,21 @@ impl Dispatcher {
             }
             let mut claimed = 0;
             match self
-                .step(&mut db, &mut unsaved, &breaker, limit - in_flight, stopping)
+                .step(&mut db, &mut unsaved, limit - in_flight, stopping)
                 .await
             {
                 Ok(batch) => {
                     claimed = batch.len();
-                    for c in batch {
+                    for job in batch {
                         in_flight += 1;
-                        let (tx, http, policy) = (tx.clone(), self.http.clone(), policy);
-                        let timeout = self.config.timeout;
+                        let (tx, http) = (tx.clone(), self.http.clone());
+                        let (policy, timeout, push) =
+                            (self.config.policy(), self.config.timeout, push.clone());
                         tokio::spawn(async move {
                             let started = Instant::now();
-                            let answer = attempt(&http, &c, timeout).await;
-                            let unit = rand::rng().random::<f64>();
-                            let outcome = decide(&answer, &c, &policy, unix_now(), unit);
+                            let done = run_job(&http, job, &policy, timeout, push).await;
                             // The channel has room for every attempt in flight.
-                            let _ = tx.send((c, outcome, started.elapsed())).await;
+                            let _ = tx.send((done, started.elapsed())).await;
                         });
                     }
                 }
@@ -222,15 +248,16 @@ impl Dispatcher {
         }
     }
 
-    /// Stores finished attempts, then claims up to `room` more (none when stopping).
+    /// Stores finished attempts, then claims up to `room` more (none when stopping): webhook
+    /// deliveries first, push notices with the room left.
     async fn step(
         &self,
         db: &mut Option<tokio_postgres::Client>,
-        unsaved: &mut Vec<Done>,
-        breaker: &Breaker,
+        unsaved: &mut Vec<(Done, Duration)>,
         room: usize,
         stopping: bool,
-    ) -> Result<Vec<Claimed>, crate::NotifyError> {
+    ) -> Result<Vec<Job>, crate::NotifyError> {
+        let breaker = self.config.breaker();
         if db.is_none() {
             let mut c = history_writer::sink::connect(
                 &self.database_url,
@@ -241,22 +268,77 @@ impl Dispatcher {
             *db = Some(c);
         }
         let client = db.as_mut().expect("connected above");
-        while let Some((c, outcome, took)) = unsaved.pop() {
-            if let Err(e) = outbox::complete(client, &c, &outcome, breaker).await {
-                unsaved.push((c, outcome, took));
+        while let Some((done, took)) = unsaved.pop() {
+            let stored = match &done {
+                Done::Webhook(c, o) => outbox::complete(client, c, o, &breaker).await,
+                Done::Notice(n, o) => outbox::complete_notice(client, n, o).await,
+            };
+            if let Err(e) = stored {
+                unsaved.push((done, took));
                 return Err(e.into());
             }
-            let result = match outcome {
-                Outcome::Delivered { .. } => "delivered",
-                Outcome::Retry { .. } => "retry",
-                Outcome::Dead { .. } => "dead",
-            };
-            self.stats.attempt(result, took);
+            match &done {
+                Done::Webhook(_, o) => self.stats.attempt(
+                    match o {
+                        Outcome::Delivered { .. } => "delivered",
+                        Outcome::Retry { .. } => "retry",
+                        Outcome::Dead { .. } => "dead",
+                    },
+                    took,
+                ),
+                Done::Notice(_, o) => self.stats.notice(match o {
+                    NoticeOutcome::Sent { .. } => "sent",
+                    NoticeOutcome::Retry { .. } => "retry",
+                    NoticeOutcome::Dead { .. } => "dead",
+                    NoticeOutcome::Unregistered { .. } => "unregistered",
+                    NoticeOutcome::Skipped => "skipped",
+                }),
+            }
         }
         if stopping || room == 0 {
             return Ok(Vec::new());
         }
-        Ok(outbox::claim(client, room, self.config.lease, breaker).await?)
+        let mut jobs: Vec<Job> = outbox::claim(client, room, self.config.lease, &breaker)
+            .await?
+            .into_iter()
+            .map(Job::Webhook)
+            .collect();
+        if self.config.push_url.is_some() && jobs.len() < room {
+            let notices =
+                outbox::claim_notices(client, room - jobs.len(), self.config.lease).await?;
+            jobs.extend(notices.into_iter().map(Job::Notice));
+        }
+        Ok(jobs)
+    }
+}
+
+async fn run_job(
+    http: &HttpClient,
+    job: Job,
+    policy: &Policy,
+    timeout: Duration,
+    push: Option<(String, Option<String>)>,
+) -> Done {
+    let unit = || rand::rng().random::<f64>();
+    match job {
+        Job::Webhook(c) => {
+            let answer = attempt(http, &c, timeout).await;
+            let outcome = decide(&answer, &c, policy, unix_now(), unit());
+            Done::Webhook(c, outcome)
+        }
+        Job::Notice(n) if n.retired => Done::Notice(n, NoticeOutcome::Skipped),
+        Job::Notice(n) => {
+            let Some((url, key)) = push else {
+                return Done::Notice(n, NoticeOutcome::Skipped);
+            };
+            let headers: Vec<(&'static str, String)> = key
+                .map(|k| ("authorization", format!("Bearer {k}")))
+                .into_iter()
+                .collect();
+            let answer = post(http, &url, &headers, push::message(&n), timeout).await;
+            let outcome = push::decide(&answer, &n, policy, unix_now(), unit());
+            Done::Notice(n, outcome)
+        }
     }
 }
 

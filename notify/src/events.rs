@@ -27,6 +27,7 @@ pub struct Stats {
     pub delivered: AtomicU64,
     pub retried: AtomicU64,
     pub dead: AtomicU64,
+    pub notices_sent: AtomicU64,
 }
 
 impl Stats {
@@ -64,6 +65,15 @@ pub(crate) fn outbox(pending: i64, oldest_pending: f64, dead: i64, open: i64) {
     gauge!(m::NOTIFY_OLDEST_PENDING_SECONDS).set(oldest_pending);
     gauge!(m::NOTIFY_DEAD_LETTERS).set(dead as f64);
     gauge!(m::NOTIFY_BREAKERS_OPEN).set(open as f64);
+}
+
+impl Stats {
+    pub(crate) fn notice(&self, result: &'static str) {
+        if result == "sent" {
+            self.notices_sent.fetch_add(1, Relaxed);
+        }
+        counter!(m::NOTIFY_NOTICES, "result" => result).increment(1);
+    }
 }
 
 pub(crate) fn api(result: &'static str) {

@@ -21,6 +21,7 @@ pub mod deliver;
 pub mod error;
 pub mod events;
 pub mod outbox;
+pub mod push;
 pub mod retry;
 pub mod sign;
 pub mod source;
@@ -74,16 +75,20 @@ impl Notify {
             stats: self.stats.clone(),
             http,
         };
-        let upkeep = upkeep(
-            self.database_url.clone(),
-            self.config.clone(),
-            shutdown.clone(),
-        );
-        let (relayed, (), ()) = tokio::join!(
-            relay.run(shutdown.clone()),
-            dispatcher.run(shutdown.clone()),
-            upkeep
-        );
+        // A relay that fails for good (a schema it cannot write) stops the role, and with it
+        // the process, rather than leaving events to pile up unseen.
+        let stop = shutdown.child_token();
+        let upkeep = upkeep(self.database_url.clone(), self.config.clone(), stop.clone());
+        let relay_stop = stop.clone();
+        let relayed = async move {
+            let r = relay.run(relay_stop.clone()).await;
+            if let Err(e) = &r {
+                tracing::error!(error = %e, "notify relay failed; stopping");
+                relay_stop.cancel();
+            }
+            r
+        };
+        let (relayed, (), ()) = tokio::join!(relayed, dispatcher.run(stop.clone()), upkeep);
         relayed
     }
 }

@@ -14,14 +14,18 @@ pub struct Recorded {
     pub events: u64,
     /// Deliveries created for them (one per subscribed endpoint).
     pub deliveries: u64,
+    /// Push notices created for them (one per live device of the order, for `push_kinds`).
+    pub notices: u64,
 }
 
-/// Records events (a relay batch) and their deliveries in one statement: an event already
-/// recorded (same dedupe key: the relay handed it twice) is skipped with its deliveries. An
-/// endpoint gets the events recorded after its registration. Returns the new keys too.
+/// Records events (a relay batch), their deliveries and their push notices in one statement:
+/// an event already recorded (same dedupe key: the relay handed it twice) is skipped with its
+/// deliveries and notices. An endpoint (a device) gets the events recorded after its
+/// registration; `push_kinds` empty: no notices. Returns the new keys too.
 pub async fn record(
     db: &impl GenericClient,
     events: &[StreamEvent],
+    push_kinds: &[String],
 ) -> Result<(Recorded, Vec<String>), tokio_postgres::Error> {
     if events.is_empty() {
         return Ok((Recorded::default(), Vec::new()));
@@ -41,22 +45,30 @@ pub async fn record(
                  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::float8[])
                       AS u(k, kd, t, o, c, a)
                  ON CONFLICT (dedupe_key) DO NOTHING
-                 RETURNING id, kind, tenant, dedupe_key),
+                 RETURNING id, kind, tenant, order_id, dedupe_key),
              d AS (
                  INSERT INTO webhook_deliveries (event_id, endpoint_id)
                  SELECT ins.id, e.id FROM ins JOIN webhook_endpoints e
                    ON e.tenant = ins.tenant AND ins.kind = ANY (e.kinds) AND e.disabled_at IS NULL
+                 RETURNING 1),
+             n AS (
+                 INSERT INTO push_notices (event_id, device_id, kind)
+                 SELECT ins.id, p.id, ins.kind FROM ins JOIN push_devices p
+                   ON p.order_id = ins.order_id AND p.tenant = ins.tenant AND p.retired_at IS NULL
+                 WHERE ins.kind = ANY ($7)
+                 ON CONFLICT (device_id, kind) DO NOTHING
                  RETURNING 1)
-             SELECT ins.dedupe_key, (SELECT count(*) FROM d) FROM ins",
-            &[&keys, &kinds, &tenants, &orders, &couriers, &at],
+             SELECT ins.dedupe_key, (SELECT count(*) FROM d), (SELECT count(*) FROM n) FROM ins",
+            &[&keys, &kinds, &tenants, &orders, &couriers, &at, &push_kinds],
         )
         .await?;
-    let deliveries = rows.first().map(|r| r.get::<_, i64>(1) as u64).unwrap_or(0);
+    let count = |i| rows.first().map(|r| r.get::<_, i64>(i) as u64).unwrap_or(0);
     let new: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
     Ok((
         Recorded {
             events: new.len() as u64,
-            deliveries,
+            deliveries: count(1),
+            notices: count(2),
         },
         new,
     ))
@@ -373,7 +385,8 @@ pub async fn replay(
     Ok(n == 1)
 }
 
-/// Deletes what is past its keeping time; returns (deliveries, events) deleted.
+/// Deletes what is past its keeping time (notices with deliveries); returns (deliveries and
+/// notices, events) deleted.
 pub async fn prune(
     db: &Client,
     keep_delivered: Duration,
@@ -386,12 +399,19 @@ pub async fn prune(
                 OR (state = 'dead' AND done_at < now() - make_interval(secs => $2))",
             &[&keep_delivered.as_secs_f64(), &keep_dead.as_secs_f64()],
         )
+        .await?
+        + db.execute(
+            "DELETE FROM push_notices WHERE state <> 'pending'
+               AND done_at < now() - make_interval(secs => $1)",
+            &[&keep_delivered.as_secs_f64()],
+        )
         .await?;
     let e = db
         .execute(
             "DELETE FROM order_events ev
              WHERE recorded_at < now() - make_interval(secs => $1)
-               AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = ev.id)",
+               AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = ev.id)
+               AND NOT EXISTS (SELECT 1 FROM push_notices n WHERE n.event_id = ev.id)",
             &[&keep_delivered.as_secs_f64()],
         )
         .await?;
@@ -413,4 +433,170 @@ pub async fn figures(db: &Client) -> Result<(i64, f64, i64, i64), tokio_postgres
         )
         .await?;
     Ok((r.get(0), r.get(1), r.get(2), r.get(3)))
+}
+
+/// A push notice a dispatcher claimed.
+#[derive(Debug, Clone)]
+pub struct ClaimedNotice {
+    pub notice_id: i64,
+    pub attempts: u32,
+    pub first_attempt_at: f64,
+    pub device_id: i64,
+    pub token: String,
+    /// The device was retired after the notice was made: it is skipped, not sent.
+    pub retired: bool,
+    pub order_id: String,
+    pub kind: String,
+}
+
+/// Claims up to `limit` due push notices for `lease`, as [`claim`] does deliveries.
+pub async fn claim_notices(
+    db: &Client,
+    limit: usize,
+    lease: Duration,
+) -> Result<Vec<ClaimedNotice>, tokio_postgres::Error> {
+    let rows = db
+        .query(
+            "WITH due AS (
+                 SELECT id FROM push_notices WHERE state = 'pending' AND next_attempt_at <= now()
+                 ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED),
+             upd AS (
+                 UPDATE push_notices n SET attempts = n.attempts + 1,
+                     first_attempt_at = coalesce(n.first_attempt_at, now()),
+                     next_attempt_at = now() + make_interval(secs => $2)
+                 FROM due WHERE n.id = due.id
+                 RETURNING n.id, n.attempts, n.first_attempt_at, n.device_id, n.event_id)
+             SELECT upd.id, upd.attempts, extract(epoch FROM upd.first_attempt_at)::float8,
+                    p.id, p.token, p.retired_at IS NOT NULL, ev.order_id, ev.kind
+             FROM upd JOIN push_devices p ON p.id = upd.device_id
+                      JOIN order_events ev ON ev.id = upd.event_id",
+            &[&(limit as i64), &lease.as_secs_f64()],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| ClaimedNotice {
+            notice_id: r.get(0),
+            attempts: r.get::<_, i32>(1) as u32,
+            first_attempt_at: r.get(2),
+            device_id: r.get(3),
+            token: r.get(4),
+            retired: r.get(5),
+            order_id: r.get(6),
+            kind: r.get(7),
+        })
+        .collect())
+}
+
+/// The end of one push attempt, as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NoticeOutcome {
+    Sent {
+        status: u16,
+    },
+    Retry {
+        after: Duration,
+        status: Option<u16>,
+        error: String,
+    },
+    Dead {
+        status: Option<u16>,
+        error: String,
+    },
+    /// The provider says the device token is dead: the device is retired, its pending notices
+    /// skipped, and no notice is made for it again.
+    Unregistered {
+        status: u16,
+    },
+    /// Not sent: the device was retired meanwhile.
+    Skipped,
+}
+
+pub async fn complete_notice(
+    db: &mut Client,
+    n: &ClaimedNotice,
+    outcome: &NoticeOutcome,
+) -> Result<(), tokio_postgres::Error> {
+    let tx = db.transaction().await?;
+    let (state, status, error, after): (&str, Option<u16>, Option<&str>, f64) = match outcome {
+        NoticeOutcome::Sent { status } => ("sent", Some(*status), None, 0.0),
+        NoticeOutcome::Retry {
+            after,
+            status,
+            error,
+        } => (
+            "pending",
+            *status,
+            Some(error.as_str()),
+            after.as_secs_f64(),
+        ),
+        NoticeOutcome::Dead { status, error } => ("dead", *status, Some(error.as_str()), 0.0),
+        NoticeOutcome::Unregistered { status } => (
+            "dead",
+            Some(*status),
+            Some("device token unregistered"),
+            0.0,
+        ),
+        NoticeOutcome::Skipped => ("skipped", None, Some("device retired"), 0.0),
+    };
+    tx.execute(
+        "UPDATE push_notices SET state = $2, last_status = $3, last_error = $4,
+             next_attempt_at = now() + make_interval(secs => $5),
+             done_at = CASE WHEN $2 = 'pending' THEN NULL ELSE now() END
+         WHERE id = $1",
+        &[&n.notice_id, &state, &status.map(i32::from), &error, &after],
+    )
+    .await?;
+    if matches!(outcome, NoticeOutcome::Unregistered { .. }) {
+        tx.execute(
+            "UPDATE push_devices SET retired_at = now() WHERE id = $1 AND retired_at IS NULL",
+            &[&n.device_id],
+        )
+        .await?;
+        tx.execute(
+            "UPDATE push_notices SET state = 'skipped', last_error = 'device retired', done_at = now()
+             WHERE device_id = $1 AND state = 'pending'",
+            &[&n.device_id],
+        )
+        .await?;
+    }
+    tx.commit().await
+}
+
+/// Registers a customer's device token for one order of `tenant` (again: the same row).
+pub async fn register_device(
+    db: &Client,
+    tenant: &str,
+    order: &str,
+    token: &str,
+) -> Result<(i64, bool), tokio_postgres::Error> {
+    let r = db
+        .query_one(
+            "INSERT INTO push_devices (tenant, order_id, token) VALUES ($1, $2, $3)
+             ON CONFLICT (order_id, token) DO UPDATE SET tenant = push_devices.tenant
+             RETURNING id, retired_at IS NOT NULL",
+            &[&tenant, &order, &token],
+        )
+        .await?;
+    Ok((r.get(0), r.get(1)))
+}
+
+/// The notices of one order of `tenant`: (device id, kind, state, attempts).
+pub async fn notices(
+    db: &Client,
+    tenant: &str,
+    order: &str,
+) -> Result<Vec<(i64, String, String, i32)>, tokio_postgres::Error> {
+    let rows = db
+        .query(
+            "SELECT p.id, n.kind, n.state, n.attempts FROM push_notices n
+             JOIN push_devices p ON p.id = n.device_id
+             WHERE p.tenant = $1 AND p.order_id = $2 ORDER BY n.id",
+            &[&tenant, &order],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect())
 }

@@ -196,14 +196,49 @@ impl Relay {
             history_writer::migrate(&mut c).await?;
             *db = Some(c);
         }
-        let (_, new) = crate::outbox::record(db.as_ref().expect("connected above"), held).await?;
-        for e in held.iter() {
-            let result = if new.contains(&e.key) {
-                "recorded"
-            } else {
-                "duplicate"
-            };
-            self.stats.event(&e.kind, result);
+        let db = db.as_ref().expect("connected above");
+        let kinds = self.config.notice_kinds();
+        match crate::outbox::record(db, held, kinds).await {
+            Ok((_, new)) => {
+                for e in held.iter() {
+                    let result = if new.contains(&e.key) {
+                        "recorded"
+                    } else {
+                        "duplicate"
+                    };
+                    self.stats.event(&e.kind, result);
+                }
+            }
+            Err(e) => {
+                let e = NotifyError::from(e);
+                if e.is_retryable() {
+                    // Kept in `held`: the next round writes them again.
+                    return Err(e);
+                }
+                // PostgreSQL refuses the data itself: one event at a time, so that only the
+                // one it refuses is dropped (counted), not the batch.
+                for e in held.iter() {
+                    match crate::outbox::record(db, std::slice::from_ref(e), kinds).await {
+                        Ok((r, _)) => {
+                            let result = if r.events == 1 {
+                                "recorded"
+                            } else {
+                                "duplicate"
+                            };
+                            self.stats.event(&e.kind, result);
+                        }
+                        Err(err) => {
+                            let err = NotifyError::from(err);
+                            if err.is_retryable() {
+                                // The ones recorded already are duplicates next time.
+                                return Err(err);
+                            }
+                            tracing::warn!(error = %err, kind = %e.kind, "notify relay: PostgreSQL refused an event; dropped");
+                            self.stats.event(&e.kind, "invalid");
+                        }
+                    }
+                }
+            }
         }
         let ids: Vec<String> = held.iter().map(|e| e.entry.clone()).collect();
         held.clear();

@@ -113,7 +113,8 @@ pub const TRAIL_TOKEN_REFUSALS: &str = "trail_token_refusals_total";
 
 /// Counter, labels `kind` (one of `crate::events::KINDS`, or other) and
 /// `result`: recorded (a new outbox row) | duplicate (already recorded: a relay retry) |
-/// invalid (a stream entry missing fields; dropped). Events the relay moved to the outbox.
+/// invalid (a stream entry missing fields, or one PostgreSQL refused; dropped). Events the
+/// relay moved to the outbox.
 pub const NOTIFY_EVENTS: &str = "notify_events_total";
 /// Counter: order events not written to the Redis events stream because it held
 /// `fanout.events_stream_max` (the relay down or behind). Read from Redis by the relay.
@@ -133,6 +134,9 @@ pub const NOTIFY_OLDEST_PENDING_SECONDS: &str = "notify_oldest_pending_seconds";
 pub const NOTIFY_DEAD_LETTERS: &str = "notify_dead_letters";
 /// Gauge: webhook endpoints whose circuit breaker is open.
 pub const NOTIFY_BREAKERS_OPEN: &str = "notify_breakers_open";
+/// Counter, label `result`: sent | retry | dead | unregistered (the provider said the device
+/// token is dead: the device is retired) | skipped (its device was retired). Push notices.
+pub const NOTIFY_NOTICES: &str = "notify_notices_total";
 /// Counter, label `result`: ok | unauthorized | bad_request | not_found | error. Webhooks API
 /// requests.
 pub const NOTIFY_API_REQUESTS: &str = "notify_api_requests_total";
@@ -205,6 +209,7 @@ pub const ALL: &[&str] = &[
     NOTIFY_DEAD_LETTERS,
     NOTIFY_BREAKERS_OPEN,
     NOTIFY_API_REQUESTS,
+    NOTIFY_NOTICES,
 ];
 
 #[cfg(test)]
