@@ -201,7 +201,7 @@ pub async fn run(
             config: config.history.clone(),
             mqtt: config.worker_endpoint("history"),
             database_url: config.database_url.clone(),
-            redis_url: config.redis_url.clone(),
+            redis: config.redis.clone(),
             keys: config.keys.clone(),
             validation: config.ingest.validation(),
             stats: history_stats.clone(),
@@ -218,7 +218,7 @@ pub async fn run(
         let ingest = Ingest {
             config: config.ingest.clone(),
             mqtt: config.worker_endpoint("ingest"),
-            redis_url: config.redis_url.clone(),
+            redis: config.redis.clone(),
             keys: config.keys.clone(),
             stats: stats.clone(),
         };
@@ -240,7 +240,7 @@ pub async fn run(
                 let fanout = Fanout {
                     config: config.fanout.clone(),
                     mqtt: config.worker_endpoint("fanout"),
-                    redis_url: config.redis_url.clone(),
+                    redis: config.redis.clone(),
                     keys: config.keys.clone(),
                     signer: signer.clone(),
                     verifier: verifier.clone(),

@@ -12,7 +12,7 @@ mod common;
 mod support;
 
 use common::Proc;
-use courier_wire::{Keys, MqttEndpoint};
+use courier_wire::{Keys, MqttEndpoint, RedisTarget};
 use ingest::Stats;
 use simulator::watchers::{Assigner, Viewer};
 use simulator::{Profile, SimConfig, SimStats, Simulator};
@@ -55,7 +55,7 @@ fn load(broker: &MqttEndpoint, keys: &Keys, rate: f64, seconds: f64) -> Simulato
         mqtt: broker.clone(),
         also: vec![],
         assigner: Assigner::Redis {
-            url: services().redis_url.clone(),
+            redis: services().redis(),
             keys: keys.clone(),
         },
         viewer: Viewer::Broker {
@@ -349,7 +349,13 @@ async fn redis_restart(aof: bool) {
     let mut redis = redis_with(port, aof_dir);
     let broker = start_broker(BrokerKind::Embedded);
     let keys = Keys::with_prefix(&prefix());
-    let ingest = start_ingest_on(&broker, &url, test_ingest_config(), keys.clone()).await;
+    let ingest = start_ingest_on(
+        &broker,
+        &RedisTarget::single(url.as_str()),
+        test_ingest_config(),
+        keys.clone(),
+    )
+    .await;
     let stats = ingest.stats.clone();
     let sim = load(&broker.endpoint, &keys, rate, seconds);
     let couriers = sim.config.couriers as u64;
@@ -495,7 +501,7 @@ async fn history_writer_in(
             config,
             mqtt: bus.clone(),
             database_url: url.to_string(),
-            redis_url: services().redis_url.clone(),
+            redis: services().redis(),
             keys: keys.clone(),
             validation: courier_wire::Validation::default(),
             stats: stats.clone(),
@@ -810,10 +816,22 @@ async fn the_gateway_and_dispatch_work_again_after_a_redis_restart() {
     let mut redis = redis_process(port);
     let broker = start_broker(BrokerKind::Embedded);
     let keys = Keys::with_prefix(&prefix());
-    let ingest = start_ingest_on(&broker, &url, test_ingest_config(), keys.clone()).await;
+    let ingest = start_ingest_on(
+        &broker,
+        &RedisTarget::single(url.as_str()),
+        test_ingest_config(),
+        keys.clone(),
+    )
+    .await;
     let s = ingest.stats.clone();
-    let f = start_fanout_on(&broker, &url, keys.clone(), test_fanout_config()).await;
-    let d = dispatch::Dispatch::connect(&url, keys.clone())
+    let f = start_fanout_on(
+        &broker,
+        &RedisTarget::single(url.as_str()),
+        keys.clone(),
+        test_fanout_config(),
+    )
+    .await;
+    let d = dispatch::Dispatch::connect(&RedisTarget::single(url.as_str()), keys.clone())
         .await
         .unwrap();
 

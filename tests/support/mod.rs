@@ -2,7 +2,7 @@
 //! brokers on free ports, isolated key prefixes, MQTT clients.
 #![allow(dead_code)]
 
-use courier_wire::{Keys, MqttEndpoint};
+use courier_wire::{Keys, MqttEndpoint, RedisTarget};
 use ingest::{Ingest, IngestConfig, Stats};
 use rumqttc::{AsyncClient, Event, LastWill, Packet, Publish, QoS};
 use std::net::{SocketAddr, TcpListener};
@@ -21,6 +21,13 @@ pub fn repo_root() -> PathBuf {
 pub struct Services {
     pub redis_url: String,
     pub database_url: String,
+}
+
+impl Services {
+    /// The shared single Redis, as the roles take it.
+    pub fn redis(&self) -> RedisTarget {
+        RedisTarget::single(self.redis_url.as_str())
+    }
 }
 
 /// REDIS_URL / DATABASE_URL from the environment (`./dev test` sets them), else `./dev
@@ -436,13 +443,13 @@ impl RunningIngest {
 /// Starts the ingest role against `broker` with a fresh key prefix and waits until every
 /// worker's subscriptions are acknowledged.
 pub async fn start_ingest(broker: &TestBroker, config: IngestConfig, keys: Keys) -> RunningIngest {
-    start_ingest_on(broker, &services().redis_url, config, keys).await
+    start_ingest_on(broker, &services().redis(), config, keys).await
 }
 
 /// [`start_ingest`] on another Redis (one a test may stop).
 pub async fn start_ingest_on(
     broker: &TestBroker,
-    redis_url: &str,
+    redis: &RedisTarget,
     config: IngestConfig,
     keys: Keys,
 ) -> RunningIngest {
@@ -452,7 +459,7 @@ pub async fn start_ingest_on(
     let ingest = Ingest {
         config,
         mqtt: broker.endpoint.clone(),
-        redis_url: redis_url.to_string(),
+        redis: redis.clone(),
         keys: keys.clone(),
         stats: stats.clone(),
     };
@@ -925,13 +932,13 @@ pub async fn start_fanout(
     keys: Keys,
     config: fanout::FanoutConfig,
 ) -> RunningFanout {
-    start_fanout_on(broker, &services().redis_url, keys, config).await
+    start_fanout_on(broker, &services().redis(), keys, config).await
 }
 
 /// [`start_fanout`] on another Redis.
 pub async fn start_fanout_on(
     broker: &TestBroker,
-    redis_url: &str,
+    redis: &RedisTarget,
     keys: Keys,
     config: fanout::FanoutConfig,
 ) -> RunningFanout {
@@ -942,7 +949,7 @@ pub async fn start_fanout_on(
     let prepared = fanout::Fanout {
         config,
         mqtt: broker.endpoint.clone(),
-        redis_url: redis_url.to_string(),
+        redis: redis.clone(),
         keys,
         signer: test_keys()
             .signer(courier_auth::Audience::Viewer)

@@ -6,6 +6,8 @@
 /// apart from each other.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Keys {
+    /// The prefix every name below starts with (on a Redis Cluster it carries a hash tag).
+    pub prefix: String,
     /// GEO set: last accepted location per courier.
     pub live: String,
     /// ZSET: server time of each courier's last accepted point (eviction).
@@ -30,6 +32,7 @@ pub struct Keys {
 impl Keys {
     pub fn with_prefix(prefix: &str) -> Self {
         Keys {
+            prefix: prefix.to_string(),
             live: format!("{prefix}couriers:live"),
             seen: format!("{prefix}couriers:seen"),
             order: format!("{prefix}courier:order"),

@@ -15,11 +15,17 @@ pub mod metrics;
 #[cfg(feature = "mqtt")]
 pub mod mqtt;
 pub mod point;
+#[cfg(feature = "redis")]
+pub mod redis_conn;
+pub mod redis_target;
 pub mod topic;
 pub mod track;
 
 pub use endpoint::MqttEndpoint;
 pub use keys::Keys;
 pub use point::{decode_point, Invalid, Point, Validation};
+#[cfg(feature = "redis")]
+pub use redis_conn::{RedisConn, RedisOptions};
+pub use redis_target::RedisTarget;
 pub use topic::{loc_topic, parse_courier_topic, status_topic, track_topic, CourierTopic};
 pub use track::encode_track;
