@@ -1363,6 +1363,16 @@ impl TestCluster {
         (primary, replica)
     }
 
+    /// The port of the primary serving `slot` as `ask` sees it; `None` while no node that is up
+    /// serves it (a primary failed, its replica not promoted yet).
+    pub async fn primary_port(&self, slot: u16, ask: u16) -> Option<u16> {
+        self.topology(ask)
+            .await
+            .into_iter()
+            .find(|n| n.primary && n.slots.iter().any(|&(a, b)| (a..=b).contains(&slot)))
+            .map(|n| n.port)
+    }
+
     /// The slot of `key` (CLUSTER KEYSLOT).
     pub async fn slot(&self, key: &str) -> u16 {
         redis::cmd("CLUSTER")
