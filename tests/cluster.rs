@@ -355,6 +355,56 @@ async fn two_cities_on_one_cluster_each_work_in_their_own_slot_and_see_nothing_o
         .unwrap_or(0.0);
     assert_eq!(errors, 0.0, "points given up after SCRIPT FLUSH");
 
+    // Riyadh's o1 delivered (the event script, idempotency record and PUBLISH on the
+    // cluster): its viewer is closed and no new token is issued; Jeddah's o1 runs on. The
+    // other gateways of the city hear of it by classic pub/sub on a plain connection to any
+    // node: a listener on the last node (not the slot's primary) hears it too.
+    let mut listener = redis::Client::open(cluster.nodes.last().unwrap().as_str())
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    listener
+        .subscribe(&riyadh.keys.orders_ended_channel)
+        .await
+        .unwrap();
+    let delivered = http_post(
+        riyadh.http,
+        "/orders/o1/events",
+        &[
+            ("Authorization", &format!("Bearer {TEST_SERVICE_KEY}")),
+            ("Idempotency-Key", "deliver-1"),
+        ],
+        r#"{"event":"delivered"}"#,
+    )
+    .await;
+    assert_eq!(delivered.status, 200, "{delivered:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut closed = false;
+    while !closed && Instant::now() < deadline {
+        closed = matches!(
+            next_seen(&mut phones[0].2, Duration::from_millis(100)).await,
+            Some(Seen::Closed(_))
+        );
+    }
+    assert!(closed, "riyadh's viewer of o1 was not closed at delivery");
+    let heard = tokio::time::timeout(Duration::from_secs(5), async {
+        use futures_util::StreamExt;
+        listener.on_message().next().await
+    })
+    .await
+    .expect("no ended-order announcement on another node")
+    .unwrap();
+    assert_eq!(heard.get_payload::<String>().unwrap(), "o1");
+    let t = riyadh
+        .api("/orders/o1/tracking-token", r#"{"viewer":"customer"}"#)
+        .await;
+    assert_ne!(t.status, 200, "a token for a delivered order: {t:?}");
+    let t = jeddah
+        .api("/orders/o1/tracking-token", r#"{"viewer":"customer"}"#)
+        .await;
+    assert_eq!(t.status, 200, "jeddah's o1 ended with riyadh's: {t:?}");
+
     drop(phones);
     for c in [riyadh, jeddah] {
         let City {
