@@ -336,7 +336,8 @@ enum Failover {
 
 /// The primary holding `{riyadh}:`'s slot is SIGKILLed under load; its replica takes over.
 /// Ingest (on the cluster client) retries through the gap and goes on with no restart: every
-/// point is accounted for, the live index is whole again soon after the promotion, and
+/// point is accounted for (a few judged stale: batches of one courier retried side by side, the
+/// newer seq landing first), the live index is whole again soon after the promotion, and
 /// dispatch answers on the connection it made before the fault.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_primary_killed_under_load_fails_over_with_nothing_unexplained() {
@@ -344,7 +345,7 @@ async fn a_cluster_primary_killed_under_load_fails_over_with_nothing_unexplained
     cluster_failover(Failover::Kill).await;
 }
 
-/// The same with a planned failover (`CLUSTER FAILOVER` on the replica): nothing given up.
+/// The same with a planned failover (`CLUSTER FAILOVER` on the replica).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manual_cluster_failover_under_load_loses_nothing() {
     let _serial = SERIAL.lock().await;
@@ -357,7 +358,13 @@ async fn cluster_failover(how: Failover) {
     let target = cluster.target();
     let broker = start_broker(BrokerKind::Embedded);
     let keys = Keys::with_prefix("{riyadh}:");
-    let ingest = start_ingest_on(&broker, &target, test_ingest_config(), keys.clone()).await;
+    // Batches wait for the promotion: `redis_retry_for` above cluster-node-timeout (2 s in
+    // `./dev cluster`) plus the election, as docs/operating.md advises for a cluster.
+    let config = ingest::IngestConfig {
+        redis_retry_for: Duration::from_secs(10),
+        ..test_ingest_config()
+    };
+    let ingest = start_ingest_on(&broker, &target, config, keys.clone()).await;
     let stats = ingest.stats.clone();
     let d = dispatch::Dispatch::connect(&target, keys.clone())
         .await
@@ -464,10 +471,11 @@ async fn cluster_failover(how: Failover) {
         found.couriers.len()
     );
     assert_eq!(l.unexplained(), 0, "points unaccounted for");
-    assert_eq!(l.queue_dropped, 0, "points dropped from the queue");
-    if how == Failover::Manual {
-        assert_eq!(l.errors, 0, "points given up in a planned failover");
-    }
+    assert_eq!(
+        l.errors + l.queue_dropped,
+        0,
+        "points given up or dropped while the replica was promoted"
+    );
     assert!(
         recovered_in <= promoted_in + interval + Duration::from_secs(2),
         "the live index came back {recovered_in:?} after the fault, the replica was promoted after {promoted_in:?}"
