@@ -155,7 +155,7 @@ async fn send_until_tracked(
     viewer: &mut tokio::sync::mpsc::UnboundedReceiver<Seen>,
 ) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(20);
-    let mut track = None;
+    let mut track: Option<serde_json::Value> = None;
     loop {
         *seq += 1;
         let (lat, lon) = (city.at.0 + *seq as f64 * 1e-5, city.at.1);
@@ -171,8 +171,10 @@ async fn send_until_tracked(
                 track = Some(serde_json::from_slice(&payload).unwrap());
             }
         }
-        if track.is_some() && city.history(order).await.1 > 0 {
-            return track.unwrap();
+        if let Some(t) = &track {
+            if city.history(order).await.1 > 0 {
+                return t.clone();
+            }
         }
         assert!(
             Instant::now() < deadline,

@@ -21,7 +21,7 @@ impl Dispatch {
     /// prefix must carry a hash tag).
     pub async fn connect(target: &RedisTarget, keys: Keys) -> Result<Dispatch, DispatchError> {
         target
-            .check_prefix(&keys.prefix)
+            .check_prefix(keys.prefix())
             .map_err(DispatchError::Prefix)?;
         let conn = RedisConn::connect(target, &RedisOptions::default()).await?;
         Ok(Dispatch::new(conn, keys))

@@ -77,7 +77,7 @@ impl Fanout {
             .map_err(FanoutError::Config)?
             .to_string();
         self.redis
-            .check_prefix(&self.keys.prefix)
+            .check_prefix(self.keys.prefix())
             .map_err(|e| FanoutError::Config(format!("redis.key_prefix {e}")))?;
         let redis = RedisConn::connect(&self.redis, &RedisOptions::default()).await?;
         let nofile = edge::raise_nofile_limit();

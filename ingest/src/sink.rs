@@ -42,7 +42,7 @@ impl RedisSink {
     /// Connects (failing fast when Redis is unreachable at start-up) and loads the scripts.
     pub async fn connect(target: &RedisTarget, keys: Keys) -> Result<Self, IngestError> {
         target
-            .check_prefix(&keys.prefix)
+            .check_prefix(keys.prefix())
             .map_err(|e| IngestError::Config(format!("redis.key_prefix {e}")))?;
         let conn = RedisConn::connect(target, &RedisOptions::default()).await?;
         let sink = RedisSink {

@@ -6,8 +6,6 @@
 /// apart from each other.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Keys {
-    /// The prefix every name below starts with (on a Redis Cluster it carries a hash tag).
-    pub prefix: String,
     /// GEO set: last accepted location per courier.
     pub live: String,
     /// ZSET: server time of each courier's last accepted point (eviction).
@@ -32,7 +30,6 @@ pub struct Keys {
 impl Keys {
     pub fn with_prefix(prefix: &str) -> Self {
         Keys {
-            prefix: prefix.to_string(),
             live: format!("{prefix}couriers:live"),
             seen: format!("{prefix}couriers:seen"),
             order: format!("{prefix}courier:order"),
@@ -43,6 +40,13 @@ impl Keys {
             orders_ended_channel: format!("{prefix}orders:ended:channel"),
             batch_record: format!("{prefix}ingest:batch:"),
         }
+    }
+}
+
+impl Keys {
+    /// The prefix every name starts with (on a Redis Cluster it must carry a hash tag).
+    pub fn prefix(&self) -> &str {
+        self.live.strip_suffix("couriers:live").unwrap_or("")
     }
 }
 
@@ -82,5 +86,7 @@ mod tests {
         ] {
             assert!(key.starts_with("{riyadh}:"), "{key}");
         }
+        assert_eq!(k.prefix(), "{riyadh}:");
+        assert_eq!(Keys::default().prefix(), "");
     }
 }
