@@ -225,7 +225,7 @@ pub async fn run(
         let (m, r) = (stats.clone(), stats.clone());
         readiness.add("ingest.mqtt", move || m.mqtt_up.get());
         readiness.add("ingest.redis", move || r.redis_up.get());
-        tracing::info!(workers = config.ingest.workers, group = %config.ingest.group, "ingest starting");
+        tracing::info!(workers = config.ingest.workers, group = %config.ingest.group, redis = %config.redis, "ingest starting");
         let stop = shutdown.clone();
         roles.spawn(async move { Ok(ingest.run(stop).await?) });
     }

@@ -1,4 +1,5 @@
-//! The wire format of courier-pipeline, with no I/O.
+//! The wire format of courier-pipeline, with no I/O (features `mqtt` and `redis` add the client
+//! options and the Redis connection every role shares).
 //!
 //! Everything clients and operators depend on by name lives here: the MQTT topics
 //! (`couriers/{id}/loc`, `couriers/{id}/status`, `track/{order}`), the point payload and its
