@@ -55,7 +55,7 @@ fn main() {
             config: HistoryConfig { mqtt_clients: clients, writers, ..Default::default() },
             mqtt: broker.endpoint.clone(),
             database_url: schema.url.clone(),
-            redis_url: services().redis_url.clone(),
+            redis: services().redis(),
             keys: Keys::with_prefix(&prefix()),
             validation: Validation::default(),
             stats: stats.clone(),

@@ -205,7 +205,7 @@ pub async fn run(
             config: config.history.clone(),
             mqtt: config.worker_endpoint("history"),
             database_url: config.database_url.clone(),
-            redis_url: config.redis_url.clone(),
+            redis: config.redis.clone(),
             keys: config.keys.clone(),
             validation: config.ingest.validation(),
             stats: history_stats.clone(),
@@ -222,14 +222,14 @@ pub async fn run(
         let ingest = Ingest {
             config: config.ingest.clone(),
             mqtt: config.worker_endpoint("ingest"),
-            redis_url: config.redis_url.clone(),
+            redis: config.redis.clone(),
             keys: config.keys.clone(),
             stats: stats.clone(),
         };
         let (m, r) = (stats.clone(), stats.clone());
         readiness.add("ingest.mqtt", move || m.mqtt_up.get());
         readiness.add("ingest.redis", move || r.redis_up.get());
-        tracing::info!(workers = config.ingest.workers, group = %config.ingest.group, "ingest starting");
+        tracing::info!(workers = config.ingest.workers, group = %config.ingest.group, redis = %config.redis, "ingest starting");
         let stop = shutdown.clone();
         roles.spawn(async move { Ok(ingest.run(stop).await?) });
     }
@@ -244,7 +244,7 @@ pub async fn run(
                 let fanout = Fanout {
                     config: config.fanout.clone(),
                     mqtt: config.worker_endpoint("fanout"),
-                    redis_url: config.redis_url.clone(),
+                    redis: config.redis.clone(),
                     keys: config.keys.clone(),
                     signer: signer.clone(),
                     verifier: verifier.clone(),
@@ -280,7 +280,7 @@ pub async fn run(
             Some(key) => {
                 let n = notify::Notify {
                     config: config.notify.clone(),
-                    redis_url: config.redis_url.clone(),
+                    redis: config.redis.clone(),
                     database_url: config.database_url.clone(),
                     keys: config.keys.clone(),
                     stats: Arc::new(notify::Stats::default()),

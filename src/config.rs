@@ -1,7 +1,7 @@
 //! Configuration: defaults, then `--config FILE` (TOML), then environment, then flags;
 //! validated once at start-up into real types. A bad setting is one error naming it.
 
-use courier_wire::{Keys, MqttEndpoint};
+use courier_wire::{Keys, MqttEndpoint, RedisTarget};
 use edge::{EdgeConfig, EdgeSettings};
 use fanout::FanoutConfig;
 use history_writer::HistoryConfig;
@@ -99,9 +99,14 @@ impl Default for MqttSection {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisSection {
-    /// `REDIS_URL`.
+    /// `REDIS_URL`: one Redis server. Not used when `cluster_nodes` is set.
     pub url: String,
-    /// Prepended to every key name: `{riyadh}:` for a Redis Cluster hash tag.
+    /// Seed nodes of a Redis Cluster (`REDIS_CLUSTER_NODES`, comma-separated), e.g.
+    /// `["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]`; any one that answers is enough.
+    /// Set: every role uses the cluster client and `key_prefix` must carry a hash tag.
+    pub cluster_nodes: Vec<String>,
+    /// Prepended to every key name: `{riyadh}:` for a Redis Cluster hash tag (required on a
+    /// cluster: every key of one script call must be in one slot).
     pub key_prefix: String,
 }
 
@@ -109,6 +114,7 @@ impl Default for RedisSection {
     fn default() -> Self {
         RedisSection {
             url: "redis://127.0.0.1:6379/".into(),
+            cluster_nodes: Vec::new(),
             key_prefix: String::new(),
         }
     }
@@ -178,6 +184,8 @@ pub struct Overrides {
     pub mqtt_url: Option<String>,
     pub mqtt_listen: Option<String>,
     pub redis_url: Option<String>,
+    /// `REDIS_CLUSTER_NODES`, comma-separated; an empty value leaves the file's list.
+    pub redis_cluster_nodes: Option<String>,
     pub metrics_listen: Option<String>,
     pub database_url: Option<String>,
     pub http_listen: Option<String>,
@@ -229,7 +237,8 @@ impl Broker {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub broker: Broker,
-    pub redis_url: String,
+    /// One Redis server or a cluster (`redis.url` / `redis.cluster_nodes`).
+    pub redis: RedisTarget,
     pub keys: Keys,
     pub metrics_listen: Option<SocketAddr>,
     pub database_url: String,
@@ -343,6 +352,9 @@ impl FileConfig {
         if let Some(v) = o.redis_url {
             self.redis.url = v;
         }
+        if let Some(v) = o.redis_cluster_nodes.filter(|v| !v.trim().is_empty()) {
+            self.redis.cluster_nodes = v.split(',').map(|n| n.trim().to_string()).collect();
+        }
         if let Some(v) = o.metrics_listen {
             self.metrics.listen = v;
         }
@@ -443,15 +455,15 @@ impl FileConfig {
                     }
                 }
             };
-        if !(self.redis.url.starts_with("redis://")
-            || self.redis.url.starts_with("rediss://")
-            || self.redis.url.starts_with("unix://"))
-        {
-            return Err(err(
-                "REDIS_URL",
-                format!("{:?} is not a redis:// URL", self.redis.url),
-            ));
-        }
+        let redis = if self.redis.cluster_nodes.is_empty() {
+            RedisTarget::parse_single(&self.redis.url).map_err(|e| err("REDIS_URL", e))?
+        } else {
+            RedisTarget::parse_cluster(&self.redis.cluster_nodes)
+                .map_err(|e| err("redis.cluster_nodes", e))?
+        };
+        redis
+            .check_prefix(&self.redis.key_prefix)
+            .map_err(|e| err("redis.key_prefix", e))?;
         let metrics_listen = match self.metrics.listen.as_str() {
             "off" | "" => None,
             v => Some(
@@ -492,7 +504,7 @@ impl FileConfig {
         })?;
         Ok(Config {
             broker,
-            redis_url: self.redis.url,
+            redis,
             keys: Keys::with_prefix(&self.redis.key_prefix),
             metrics_listen,
             database_url: self.database.url,
@@ -607,6 +619,49 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_comes_from_the_file_or_the_environment_and_needs_a_hash_tag() {
+        let f = FileConfig::from_toml(
+            "[redis]\ncluster_nodes = [\"redis://10.0.0.1:7000\", \"redis://10.0.0.2:7000\"]\nkey_prefix = \"{riyadh}:\"\n",
+        )
+        .unwrap();
+        let c = f.clone().resolve(Overrides::default()).unwrap();
+        assert_eq!(
+            c.redis,
+            RedisTarget::Cluster(vec![
+                "redis://10.0.0.1:7000".into(),
+                "redis://10.0.0.2:7000".into()
+            ])
+        );
+        // The environment's list replaces the file's; REDIS_URL is not used beside it.
+        let c = f
+            .resolve(Overrides {
+                redis_url: Some("redis://127.0.0.1:6379/".into()),
+                redis_cluster_nodes: Some("redis://127.0.0.1:7100, redis://127.0.0.1:7101".into()),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(
+            c.redis.urls(),
+            ["redis://127.0.0.1:7100", "redis://127.0.0.1:7101"]
+        );
+        // No hash tag: refused at start-up, naming the setting.
+        let e = FileConfig::from_toml("[redis]\nkey_prefix = \"riyadh:\"\n")
+            .unwrap()
+            .resolve(Overrides {
+                redis_cluster_nodes: Some("redis://127.0.0.1:7100".into()),
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert_eq!(e.setting, "redis.key_prefix");
+        assert!(e.reason.contains("hash tag"), "{}", e.reason);
+        // One server takes any prefix.
+        assert!(FileConfig::from_toml("[redis]\nkey_prefix = \"riyadh:\"\n")
+            .unwrap()
+            .resolve(Overrides::default())
+            .is_ok());
+    }
+
+    #[test]
     fn file_then_overrides() {
         let f = FileConfig::from_toml(
             "[redis]\nurl = \"redis://10.0.0.1:6379/\"\nkey_prefix = \"{riyadh}:\"\n[ingest]\nbatch_max = 100\nevict_after = \"2m\"\n",
@@ -620,7 +675,7 @@ mod tests {
                 ..Default::default()
             })
             .unwrap();
-        assert_eq!(c.redis_url, "redis://127.0.0.1:7000/");
+        assert_eq!(c.redis, RedisTarget::single("redis://127.0.0.1:7000/"));
         assert_eq!(c.keys.live, "{riyadh}:couriers:live");
         assert_eq!(c.ingest.evict_after, Duration::from_secs(120));
         assert_eq!(
@@ -675,6 +730,13 @@ mod tests {
                 ..Default::default()
             }),
             "REDIS_URL"
+        );
+        assert_eq!(
+            bad(Overrides {
+                redis_cluster_nodes: Some("redis://127.0.0.1:7000,localhost:7001".into()),
+                ..Default::default()
+            }),
+            "redis.cluster_nodes"
         );
         assert_eq!(
             bad(Overrides {

@@ -27,6 +27,9 @@ struct Cli {
     mqtt_listen: Option<String>,
     #[arg(long, global = true, env = "REDIS_URL")]
     redis_url: Option<String>,
+    /// Redis Cluster seed nodes, comma-separated (then REDIS_URL is not used).
+    #[arg(long, global = true, env = "REDIS_CLUSTER_NODES")]
+    redis_cluster_nodes: Option<String>,
     /// Prometheus /metrics address, or `off`.
     #[arg(long, global = true, env = "METRICS_LISTEN")]
     metrics_listen: Option<String>,
@@ -266,6 +269,7 @@ fn real_main() -> anyhow::Result<()> {
         mqtt_url: cli.mqtt_url.clone(),
         mqtt_listen: cli.mqtt_listen.clone(),
         redis_url: cli.redis_url.clone(),
+        redis_cluster_nodes: cli.redis_cluster_nodes.clone(),
         metrics_listen: cli.metrics_listen.clone(),
         database_url: cli.database_url.clone(),
         http_listen: cli.http_listen.clone(),
@@ -470,7 +474,7 @@ async fn simulate(
         }
         None => (
             Assigner::Redis {
-                url: config.redis_url.clone(),
+                redis: config.redis.clone(),
                 keys: config.keys.clone(),
             },
             Viewer::Broker { endpoint: bus },
@@ -505,7 +509,7 @@ async fn nearest(a: NearestArgs, config: courier_pipeline::Config) -> anyhow::Re
         any: a.any,
     };
     q.validate()?;
-    let d = dispatch::Dispatch::connect(&config.redis_url, config.keys.clone()).await?;
+    let d = dispatch::Dispatch::connect(&config.redis, config.keys.clone()).await?;
     if let Some(n) = a.bench {
         let r = dispatch::bench::searches(&d, vec![q], n, 32).await?;
         println!("{}", r.line("nearest"));

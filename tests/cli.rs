@@ -54,6 +54,23 @@ fn a_bad_setting_stops_start_up_with_one_line_naming_it() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("ingest.batch_max"));
+    // A cluster whose key prefix has no hash tag: refused before anything connects (the
+    // batch script's keys would fall into different slots and every call fail CROSSSLOT).
+    std::fs::write(&conf, "[redis]\nkey_prefix = \"riyadh:\"\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["--config", conf.to_str().unwrap(), "ingest"])
+        .env(
+            "REDIS_CLUSTER_NODES",
+            "redis://127.0.0.1:1,redis://127.0.0.1:2",
+        )
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("redis.key_prefix") && err.contains("hash tag"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

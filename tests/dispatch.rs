@@ -43,7 +43,7 @@ async fn setup(couriers: &[(&str, f64, f64)]) -> (Dispatch, Keys, f64) {
         }
     }
     (
-        Dispatch::connect(&services().redis_url, keys.clone())
+        Dispatch::connect(&services().redis(), keys.clone())
             .await
             .unwrap(),
         keys,

@@ -6,13 +6,15 @@
 //! Knobs (for `./dev chaos`): FAULT_SECONDS (run length, 8), FAULT_RATE (points/s, 2000),
 //! FAULT_REDIS_DOWN (seconds Redis stays down, 3; past `ingest.redis_retry_for`, 5 s, ingest
 //! gives batches up and counts them, `gave up (Redis)` in the ledger).
+//!
+//! The Redis Cluster failovers start a cluster of their own (`./dev cluster up`, free ports).
 
 #[path = "../benches/common/mod.rs"]
 mod common;
 mod support;
 
 use common::Proc;
-use courier_wire::{Keys, MqttEndpoint};
+use courier_wire::{Keys, MqttEndpoint, RedisTarget};
 use ingest::Stats;
 use simulator::watchers::{Assigner, Viewer};
 use simulator::{Profile, SimConfig, SimStats, Simulator};
@@ -55,7 +57,7 @@ fn load(broker: &MqttEndpoint, keys: &Keys, rate: f64, seconds: f64) -> Simulato
         mqtt: broker.clone(),
         also: vec![],
         assigner: Assigner::Redis {
-            url: services().redis_url.clone(),
+            redis: services().redis(),
             keys: keys.clone(),
         },
         viewer: Viewer::Broker {
@@ -322,6 +324,167 @@ async fn live_count(url: &str, keys: &Keys) -> Option<u64> {
         .ok()
 }
 
+/// How a cluster primary goes away.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Failover {
+    /// SIGKILL: its replica is promoted once the others agree it failed
+    /// (`cluster-node-timeout`, 2 s in `./dev cluster`, then an election).
+    Kill,
+    /// `CLUSTER FAILOVER` on the replica: a planned switch (an upgrade, a move).
+    Manual,
+}
+
+/// The primary holding `{riyadh}:`'s slot is SIGKILLed under load; its replica takes over.
+/// Ingest (on the cluster client) retries through the gap and goes on with no restart: every
+/// point is accounted for (a few judged stale: batches of one courier retried side by side, the
+/// newer seq landing first), the live index is whole again soon after the promotion, and
+/// dispatch answers on the connection it made before the fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_primary_killed_under_load_fails_over_with_nothing_unexplained() {
+    let _serial = SERIAL.lock().await;
+    cluster_failover(Failover::Kill).await;
+}
+
+/// The same with a planned failover (`CLUSTER FAILOVER` on the replica).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manual_cluster_failover_under_load_loses_nothing() {
+    let _serial = SERIAL.lock().await;
+    cluster_failover(Failover::Manual).await;
+}
+
+async fn cluster_failover(how: Failover) {
+    let (seconds, rate) = (knob("FAULT_SECONDS", 8.0), knob("FAULT_RATE", 2000.0));
+    let cluster = TestCluster::start();
+    let target = cluster.target();
+    let broker = start_broker(BrokerKind::Embedded);
+    let keys = Keys::with_prefix("{riyadh}:");
+    // Batches wait for the promotion: `redis_retry_for` above cluster-node-timeout (2 s in
+    // `./dev cluster`) plus the election, as docs/operating.md advises for a cluster.
+    let config = ingest::IngestConfig {
+        redis_retry_for: Duration::from_secs(10),
+        ..test_ingest_config()
+    };
+    let ingest = start_ingest_on(&broker, &target, config, keys.clone()).await;
+    let stats = ingest.stats.clone();
+    let d = dispatch::Dispatch::connect(&target, keys.clone())
+        .await
+        .unwrap();
+    let mut sim = load(&broker.endpoint, &keys, rate, seconds);
+    sim.assigner = Assigner::Redis {
+        redis: target.clone(),
+        keys: keys.clone(),
+    };
+    let couriers = sim.config.couriers as u64;
+    let interval = Duration::from_secs_f64(couriers as f64 / rate);
+    let sim_stats = sim.stats.clone();
+    let run = tokio::spawn(sim.run(CancellationToken::new(), |_| {}));
+    let mut conn = courier_wire::RedisConn::connect(&target, &Default::default())
+        .await
+        .unwrap();
+
+    tokio::time::sleep(Duration::from_secs_f64(seconds / 4.0)).await;
+    let zcard = |c: &mut courier_wire::RedisConn| {
+        let mut c = c.clone();
+        let live = keys.live.clone();
+        async move {
+            redis::cmd("ZCARD")
+                .arg(&live)
+                .query_async::<u64>(&mut c)
+                .await
+                .ok()
+        }
+    };
+    assert_eq!(zcard(&mut conn).await, Some(couriers));
+    let slot = cluster.slot(&keys.live).await;
+    let (primary, replica) = cluster.shard_of(slot, cluster.first_port).await;
+    let replica = replica.expect("the primary of {riyadh} has a replica");
+    let fault_at = courier_wire::clock::unix_now();
+    let t0 = Instant::now();
+    match how {
+        Failover::Kill => {
+            let killed = Command::new("kill")
+                .args(["-KILL", &cluster.pid(primary.port).to_string()])
+                .status()
+                .unwrap();
+            assert!(killed.success());
+        }
+        Failover::Manual => {
+            let _: () = redis::cmd("CLUSTER")
+                .arg("FAILOVER")
+                .query_async(&mut cluster.node(replica.port).await)
+                .await
+                .unwrap();
+        }
+    }
+    while cluster.primary_port(slot, replica.port).await != Some(replica.port) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the replica was not promoted within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let promoted_in = t0.elapsed();
+    // Whole again: every courier has a point accepted after the fault (a point the old
+    // primary took but had not yet replicated is lost with it, until that courier's next one).
+    loop {
+        let n: u64 = redis::cmd("ZCOUNT")
+            .arg(&keys.seen)
+            .arg(fault_at)
+            .arg("+inf")
+            .query_async(&mut conn)
+            .await
+            .unwrap_or(0);
+        if n >= couriers {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "only {n} of {couriers} couriers seen again 30 s after the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let recovered_in = t0.elapsed();
+    // Dispatch, on the cluster connection it opened before the fault.
+    let found = d
+        .nearest(
+            &dispatch::Query {
+                count: 5,
+                ..dispatch::Query::at(24.7114, 46.6744)
+            },
+            courier_wire::clock::unix_now(),
+        )
+        .await
+        .expect("dispatch after the failover");
+    run.await.unwrap().unwrap();
+    settle(&stats).await;
+    let l = Ledger::of(
+        &format!("cluster failover ({how:?})"),
+        &sim_stats,
+        &stats,
+        Some(recovered_in),
+    );
+    println!(
+        "cluster failover ({how:?}): replica promoted {:.2} s after the fault, every courier seen again after {:.2} s (send interval {:.2} s); dispatch found {}",
+        promoted_in.as_secs_f64(),
+        recovered_in.as_secs_f64(),
+        interval.as_secs_f64(),
+        found.couriers.len()
+    );
+    assert_eq!(l.unexplained(), 0, "points unaccounted for");
+    assert_eq!(
+        l.errors + l.queue_dropped,
+        0,
+        "points given up or dropped while the replica was promoted"
+    );
+    assert!(
+        recovered_in <= promoted_in + interval + Duration::from_secs(2),
+        "the live index came back {recovered_in:?} after the fault, the replica was promoted after {promoted_in:?}"
+    );
+    assert_eq!(zcard(&mut conn).await, Some(couriers));
+    assert!(!found.couriers.is_empty(), "dispatch found nobody");
+    ingest.stop().await;
+}
+
 /// Redis is stopped for 3 s (FAULT_REDIS_DOWN) and comes back empty (no persistence). Ingest keeps the points
 /// (it retries each batch for `redis_retry_for`), needs no restart, and the live index is
 /// whole again soon after Redis returns; nothing is lost or unexplained.
@@ -349,7 +512,13 @@ async fn redis_restart(aof: bool) {
     let mut redis = redis_with(port, aof_dir);
     let broker = start_broker(BrokerKind::Embedded);
     let keys = Keys::with_prefix(&prefix());
-    let ingest = start_ingest_on(&broker, &url, test_ingest_config(), keys.clone()).await;
+    let ingest = start_ingest_on(
+        &broker,
+        &RedisTarget::single(url.as_str()),
+        test_ingest_config(),
+        keys.clone(),
+    )
+    .await;
     let stats = ingest.stats.clone();
     let sim = load(&broker.endpoint, &keys, rate, seconds);
     let couriers = sim.config.couriers as u64;
@@ -495,7 +664,7 @@ async fn history_writer_in(
             config,
             mqtt: bus.clone(),
             database_url: url.to_string(),
-            redis_url: services().redis_url.clone(),
+            redis: services().redis(),
             keys: keys.clone(),
             validation: courier_wire::Validation::default(),
             stats: stats.clone(),
@@ -810,10 +979,22 @@ async fn the_gateway_and_dispatch_work_again_after_a_redis_restart() {
     let mut redis = redis_process(port);
     let broker = start_broker(BrokerKind::Embedded);
     let keys = Keys::with_prefix(&prefix());
-    let ingest = start_ingest_on(&broker, &url, test_ingest_config(), keys.clone()).await;
+    let ingest = start_ingest_on(
+        &broker,
+        &RedisTarget::single(url.as_str()),
+        test_ingest_config(),
+        keys.clone(),
+    )
+    .await;
     let s = ingest.stats.clone();
-    let f = start_fanout_on(&broker, &url, keys.clone(), test_fanout_config()).await;
-    let d = dispatch::Dispatch::connect(&url, keys.clone())
+    let f = start_fanout_on(
+        &broker,
+        &RedisTarget::single(url.as_str()),
+        keys.clone(),
+        test_fanout_config(),
+    )
+    .await;
+    let d = dispatch::Dispatch::connect(&RedisTarget::single(url.as_str()), keys.clone())
         .await
         .unwrap();
 

@@ -287,7 +287,7 @@ async fn start_writer(
         config,
         mqtt: broker.endpoint.clone(),
         database_url: url.to_string(),
-        redis_url: services().redis_url.clone(),
+        redis: services().redis(),
         keys,
         validation: Validation::default(),
         stats: stats.clone(),

@@ -156,7 +156,7 @@ async fn start_notify(
     let stats = Arc::new(notify::Stats::default());
     let n = notify::Notify {
         config,
-        redis_url: services().redis_url.clone(),
+        redis: courier_wire::RedisTarget::single(services().redis_url.clone()),
         database_url: database_url.to_string(),
         keys: keys.clone(),
         stats: stats.clone(),

@@ -20,7 +20,7 @@ fn sim(broker: &TestBroker, keys: &Keys, config: SimConfig) -> Simulator {
         mqtt: broker.endpoint.clone(),
         also: vec![],
         assigner: Assigner::Redis {
-            url: services().redis_url.clone(),
+            redis: services().redis(),
             keys: keys.clone(),
         },
         viewer: Viewer::Broker {

@@ -58,7 +58,7 @@ fn main() {
         ] {
             let keys = Keys::with_prefix(&format!("bench{:08x}:", rand::random::<u32>()));
             bench::seed(&url, &keys, &couriers, now).await.expect("seeding the live index");
-            let d = Dispatch::connect(&url, keys.clone()).await.expect("redis");
+            let d = Dispatch::connect(&courier_wire::RedisTarget::single(url.as_str()), keys.clone()).await.expect("redis");
             // Warm up (loads the script).
             bench::searches(&d, queries.clone(), 100, 4).await.expect("warm-up");
             let exact = bench::searches(&d, queries.clone(), exact_searches, concurrency).await.expect("search");

@@ -30,6 +30,9 @@ pub enum DispatchError {
     /// The script answered something it never answers.
     #[error("nearest script reply: {0}")]
     Reply(String),
+    /// A key prefix that cannot work on this Redis (a cluster needs a hash tag).
+    #[error("redis.key_prefix {0}")]
+    Prefix(String),
 }
 
 impl DispatchError {
@@ -42,7 +45,7 @@ impl DispatchError {
                     || e.is_timeout()
                     || !matches!(e.retry_method(), redis::RetryMethod::NoRetry)
             }
-            DispatchError::Query(_) | DispatchError::Reply(_) => false,
+            DispatchError::Query(_) | DispatchError::Reply(_) | DispatchError::Prefix(_) => false,
         }
     }
 }

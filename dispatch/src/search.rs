@@ -3,32 +3,31 @@
 
 use crate::query::{parse_reply, Nearest, Query, FETCH_MAX};
 use crate::DispatchError;
-use courier_wire::Keys;
-use redis::aio::ConnectionManager;
-use std::time::Duration;
+use courier_wire::{Keys, RedisConn, RedisOptions, RedisTarget};
 
 /// Answers dispatch queries on one multiplexed connection (cheap to clone; queries from many
-/// tasks share it). A `ConnectionManager`: after Redis restarts, the next queries reconnect
-/// (a plain multiplexed connection answered "broken pipe" for good: tests/faults.rs).
+/// tasks share it). A [`RedisConn`]: after Redis restarts, the next queries reconnect (a plain
+/// multiplexed connection answered "broken pipe" for good: tests/faults.rs); on a cluster the
+/// script goes to the slot of its first key, the live index (both keys share the prefix's tag).
 #[derive(Clone)]
 pub struct Dispatch {
-    conn: ConnectionManager,
+    conn: RedisConn,
     keys: Keys,
     script: redis::Script,
 }
 
 impl Dispatch {
-    /// Connects to Redis at `url`; `keys` names the live index.
-    pub async fn connect(url: &str, keys: Keys) -> Result<Dispatch, DispatchError> {
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(Duration::from_secs(2)))
-            .set_number_of_retries(2);
-        let conn = ConnectionManager::new_with_config(redis::Client::open(url)?, config).await?;
+    /// Connects to one Redis or a cluster; `keys` names the live index (on a cluster its
+    /// prefix must carry a hash tag).
+    pub async fn connect(target: &RedisTarget, keys: Keys) -> Result<Dispatch, DispatchError> {
+        target
+            .check_prefix(keys.prefix())
+            .map_err(DispatchError::Prefix)?;
+        let conn = RedisConn::connect(target, &RedisOptions::default()).await?;
         Ok(Dispatch::new(conn, keys))
     }
 
-    pub fn new(conn: ConnectionManager, keys: Keys) -> Dispatch {
+    pub fn new(conn: RedisConn, keys: Keys) -> Dispatch {
         Dispatch {
             conn,
             keys,

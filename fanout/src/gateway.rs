@@ -26,7 +26,7 @@ pub(crate) struct Gateway {
     pub hub: Arc<Hub>,
     /// The viewer audience's public keys.
     pub tokens: Verifier,
-    pub redis: redis::aio::ConnectionManager,
+    pub redis: courier_wire::RedisConn,
     pub keys: Keys,
     pub config: FanoutConfig,
     pub metrics: Arc<Metrics>,

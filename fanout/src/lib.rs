@@ -32,7 +32,7 @@ pub use error::FanoutError;
 pub use events::{Refusal, Stats};
 
 use courier_auth::{SigningKey, Verifier};
-use courier_wire::{Keys, MqttEndpoint};
+use courier_wire::{Keys, MqttEndpoint, RedisConn, RedisOptions, RedisTarget};
 use hub::Hub;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicUsize;
@@ -46,7 +46,8 @@ use tokio_util::task::TaskTracker;
 pub struct Fanout {
     pub config: FanoutConfig,
     pub mqtt: MqttEndpoint,
-    pub redis_url: String,
+    /// One Redis or a cluster (then `keys` must carry a hash tag).
+    pub redis: RedisTarget,
     pub keys: Keys,
     /// Mints tracking tokens (`viewer.key`).
     pub signer: SigningKey,
@@ -63,7 +64,7 @@ pub struct Prepared {
     gateway: Arc<gateway::Gateway>,
     api: Arc<orders::OrdersApi>,
     mqtt: MqttEndpoint,
-    redis_url: String,
+    redis_target: RedisTarget,
 }
 
 impl Fanout {
@@ -75,12 +76,10 @@ impl Fanout {
             .require_service_key()
             .map_err(FanoutError::Config)?
             .to_string();
-        let client = redis::Client::open(self.redis_url.as_str())?;
-        let rc = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(Duration::from_secs(2)))
-            .set_number_of_retries(2);
-        let redis = redis::aio::ConnectionManager::new_with_config(client, rc).await?;
+        self.redis
+            .check_prefix(self.keys.prefix())
+            .map_err(|e| FanoutError::Config(format!("redis.key_prefix {e}")))?;
+        let redis = RedisConn::connect(&self.redis, &RedisOptions::default()).await?;
         let nofile = edge::raise_nofile_limit();
         if nofile < self.config.max_viewers as u64 + 64 {
             tracing::warn!(
@@ -125,7 +124,7 @@ impl Fanout {
             gateway,
             api,
             mqtt: self.mqtt,
-            redis_url: self.redis_url,
+            redis_target: self.redis,
         })
     }
 }
@@ -154,7 +153,7 @@ impl Prepared {
             shutdown.clone(),
         ));
         tasks.spawn(source::ended_orders(
-            self.redis_url,
+            self.redis_target,
             gw.redis.clone(),
             gw.keys.clone(),
             gw.hub.clone(),

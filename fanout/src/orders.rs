@@ -40,7 +40,7 @@ const EVENT_LUA: &str = include_str!("event.lua");
 
 /// What the handlers share.
 pub(crate) struct OrdersApi {
-    pub redis: redis::aio::ConnectionManager,
+    pub redis: courier_wire::RedisConn,
     pub keys: Keys,
     /// Mints tracking tokens (the viewer audience's private key).
     pub signer: SigningKey,
@@ -61,7 +61,7 @@ pub(crate) struct OrdersApi {
 impl OrdersApi {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        redis: redis::aio::ConnectionManager,
+        redis: courier_wire::RedisConn,
         keys: Keys,
         signer: SigningKey,
         service_key: String,

@@ -10,7 +10,7 @@
 use crate::events::{Metrics, Stats, Tally};
 use crate::hub::Hub;
 use courier_wire::mqtt::{Polled, Subscriber};
-use courier_wire::{Keys, MqttEndpoint};
+use courier_wire::{Keys, MqttEndpoint, RedisConn, RedisTarget};
 use futures_util::StreamExt;
 use rumqttc::AsyncClient;
 use std::sync::atomic::Ordering::Relaxed;
@@ -77,16 +77,20 @@ pub(crate) async fn tracks(
 
 /// Listens for ended orders until `stop`; reconnects after a failure.
 pub(crate) async fn ended_orders(
-    redis_url: String,
-    conn: redis::aio::ConnectionManager,
+    target: RedisTarget,
+    conn: RedisConn,
     keys: Keys,
     hub: Arc<Hub>,
     stats: Arc<Stats>,
     stop: CancellationToken,
 ) {
-    loop {
+    // Classic pub/sub: on a cluster a PUBLISH reaches every node, so a plain connection to any
+    // seed hears it; after a failure the next seed is tried.
+    let urls = target.urls();
+    for attempt in 0.. {
+        let url = &urls[attempt % urls.len()];
         let run = async {
-            let client = redis::Client::open(redis_url.as_str())?;
+            let client = redis::Client::open(url.as_str())?;
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&keys.orders_ended_channel).await?;
             catch_up(conn.clone(), &keys, &hub, &stats).await?;
@@ -115,7 +119,7 @@ pub(crate) async fn ended_orders(
 
 /// Ends, in this process, the watched orders that no longer run.
 async fn catch_up(
-    mut conn: redis::aio::ConnectionManager,
+    mut conn: RedisConn,
     keys: &Keys,
     hub: &Hub,
     stats: &Stats,

@@ -131,7 +131,9 @@ pub struct HistoryWriter {
     pub config: HistoryConfig,
     pub mqtt: MqttEndpoint,
     pub database_url: String,
-    pub redis_url: String,
+    /// Where `courier:order` is read: one Redis or a cluster (one key per call, so any prefix
+    /// works; the pipeline's config still asks a cluster for a hash tag, for the other roles).
+    pub redis: courier_wire::RedisTarget,
     /// `courier:order` is `keys.order`.
     pub keys: Keys,
     /// The point limits; the same as ingest's (one setting governs both).
@@ -180,7 +182,7 @@ impl HistoryWriter {
             ));
         }
         tasks.spawn(orders::refresh(
-            self.redis_url.clone(),
+            self.redis.clone(),
             self.keys.order.clone(),
             cfg.order_refresh,
             shared.clone(),

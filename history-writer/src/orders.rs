@@ -4,26 +4,27 @@
 //! While Redis is unreachable the last snapshot stays in use (logged once per outage).
 
 use crate::Shared;
+use courier_wire::{RedisConn, RedisOptions, RedisTarget};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) async fn refresh(
-    redis_url: String,
+    target: RedisTarget,
     key: String,
     every: Duration,
     shared: Arc<Shared>,
     stop: CancellationToken,
 ) {
-    let client = match redis::Client::open(redis_url.as_str()) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(error = %e, "REDIS_URL unusable; rows get no order id");
-            return;
-        }
+    // One second at most per try: the snapshot is refreshed every `every`, and a slow Redis
+    // must not hold the loop (the last snapshot stays in use meanwhile).
+    let options = RedisOptions {
+        connection_timeout: Duration::from_secs(1),
+        response_timeout: Duration::from_secs(1),
+        retries: 1,
     };
-    let mut conn: Option<redis::aio::MultiplexedConnection> = None;
+    let mut conn: Option<RedisConn> = None;
     let mut failing = false;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -34,14 +35,7 @@ pub(crate) async fn refresh(
         }
         let result = async {
             if conn.is_none() {
-                let cfg = redis::AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(Duration::from_secs(1)))
-                    .set_response_timeout(Some(Duration::from_secs(1)));
-                conn = Some(
-                    client
-                        .get_multiplexed_async_connection_with_config(&cfg)
-                        .await?,
-                );
+                conn = Some(RedisConn::connect(&target, &options).await?);
             }
             let c = conn.as_mut().expect("connected above");
             let map: HashMap<String, String> =

@@ -26,7 +26,7 @@ pub use error::IngestError;
 pub use events::Stats;
 pub use sink::RedisSink;
 
-use courier_wire::{Keys, MqttEndpoint};
+use courier_wire::{Keys, MqttEndpoint, RedisTarget};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -35,7 +35,8 @@ use tokio_util::task::TaskTracker;
 pub struct Ingest {
     pub config: IngestConfig,
     pub mqtt: MqttEndpoint,
-    pub redis_url: String,
+    /// One Redis or a cluster (then `keys` must carry a hash tag).
+    pub redis: RedisTarget,
     pub keys: Keys,
     /// Shared with whoever reports progress (status line, tests).
     pub stats: Arc<Stats>,
@@ -47,7 +48,7 @@ impl Ingest {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), IngestError> {
         self.config.validate().map_err(IngestError::Config)?;
         let sink = RedisSink::connect(
-            &self.redis_url,
+            &self.redis,
             self.keys.clone(),
             self.config.events_stream_max,
         )

@@ -1,14 +1,14 @@
 //! The Redis edge of ingest: the batch script (EVALSHA, loading it on NOSCRIPT), eviction and
-//! seq-state upkeep. One `ConnectionManager` is cloned into every call: it multiplexes and
-//! reconnects by itself.
+//! seq-state upkeep. One [`RedisConn`] (one server or a cluster) is cloned into every call: it
+//! multiplexes and reconnects by itself. Every script declares all its keys in KEYS, all under
+//! the key prefix, so on a cluster the call is routed to the slot of the first key and the
+//! others are in that slot too (the prefix's hash tag, checked at start-up).
 
 use crate::error::IngestError;
 use courier_wire::events::with_emit;
-use courier_wire::Keys;
-use redis::aio::ConnectionManager;
+use courier_wire::{Keys, RedisConn, RedisOptions, RedisTarget};
 use redis::{Cmd, Script, Value};
 use std::sync::Arc;
-use std::time::Duration;
 
 const BATCH_LUA: &str = include_str!("script.lua");
 const EVICT_LUA: &str = include_str!("evict.lua");
@@ -40,7 +40,7 @@ pub fn batch_keys<'k>(k: &'k Keys, record: &'k str) -> [&'k str; 9] {
 /// Connection plus the four scripts of ingest.
 #[derive(Clone)]
 pub struct RedisSink {
-    conn: ConnectionManager,
+    conn: RedisConn,
     keys: Keys,
     /// Cap of the events stream (`notify.stream_max`; 0: no events).
     events_cap: u64,
@@ -68,13 +68,15 @@ impl Lua {
 
 impl RedisSink {
     /// Connects (failing fast when Redis is unreachable at start-up) and loads the scripts.
-    pub async fn connect(url: &str, keys: Keys, events_cap: u64) -> Result<Self, IngestError> {
-        let client = redis::Client::open(url)?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(Duration::from_secs(2)))
-            .set_number_of_retries(2);
-        let conn = ConnectionManager::new_with_config(client, config).await?;
+    pub async fn connect(
+        target: &RedisTarget,
+        keys: Keys,
+        events_cap: u64,
+    ) -> Result<Self, IngestError> {
+        target
+            .check_prefix(keys.prefix())
+            .map_err(|e| IngestError::Config(format!("redis.key_prefix {e}")))?;
+        let conn = RedisConn::connect(target, &RedisOptions::default()).await?;
         let sink = RedisSink {
             conn,
             keys,
@@ -94,10 +96,12 @@ impl RedisSink {
         &self.keys
     }
 
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> RedisConn {
         self.conn.clone()
     }
 
+    /// SCRIPT LOAD goes to every node of a cluster, replicas included, so a promoted replica
+    /// has the scripts already; one restarted empty answers NOSCRIPT and [`Self::run`] loads.
     async fn load(&self, script: &Lua) -> Result<(), IngestError> {
         let mut c = self.conn.clone();
         let _: String = redis::cmd("SCRIPT")

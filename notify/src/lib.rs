@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 /// The notify role of one process: relay, dispatcher and upkeep (and the API's routes).
 pub struct Notify {
     pub config: NotifyConfig,
-    pub redis_url: String,
+    pub redis: courier_wire::RedisTarget,
     pub database_url: String,
     pub keys: Keys,
     pub stats: Arc<Stats>,
@@ -62,7 +62,7 @@ impl Notify {
             .map_err(|e| NotifyError::Config(format!("no TLS root certificates: {e}")))?;
         let consumer = format!("notify-{}-{}", std::process::id(), rand::random::<u32>());
         let relay = source::Relay {
-            redis_url: self.redis_url.clone(),
+            redis: self.redis.clone(),
             database_url: self.database_url.clone(),
             keys: self.keys.clone(),
             config: self.config.clone(),

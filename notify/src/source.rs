@@ -13,7 +13,7 @@ use crate::config::NotifyConfig;
 use crate::events::Stats;
 use crate::NotifyError;
 use courier_wire::Keys;
-use redis::aio::ConnectionManager;
+use courier_wire::{RedisConn, RedisOptions, RedisTarget};
 use redis::streams::{
     StreamAutoClaimOptions, StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply,
 };
@@ -65,7 +65,7 @@ pub fn parse(e: &StreamId) -> Result<StreamEvent, &'static str> {
 
 /// The relay's Redis side.
 pub(crate) struct Relay {
-    pub redis_url: String,
+    pub redis: RedisTarget,
     pub database_url: String,
     pub keys: Keys,
     pub config: NotifyConfig,
@@ -74,14 +74,17 @@ pub(crate) struct Relay {
 }
 
 impl Relay {
-    async fn connect(&self) -> Result<ConnectionManager, NotifyError> {
+    async fn connect(&self) -> Result<RedisConn, NotifyError> {
+        self.redis
+            .check_prefix(self.keys.prefix())
+            .map_err(|e| NotifyError::Config(format!("redis.key_prefix {e}")))?;
         // Its own connection: XREADGROUP BLOCK would hold up every other command of a shared
         // multiplexed one. The response timeout outlives the block.
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(Duration::from_secs(5)));
-        let client = redis::Client::open(self.redis_url.as_str())?;
-        let mut conn = ConnectionManager::new_with_config(client, config).await?;
+        let options = RedisOptions {
+            response_timeout: Duration::from_secs(5),
+            ..RedisOptions::default()
+        };
+        let mut conn = RedisConn::connect(&self.redis, &options).await?;
         let made: Result<(), redis::RedisError> = conn
             .xgroup_create_mkstream(&self.keys.events, &self.config.group, "0")
             .await;
@@ -95,7 +98,7 @@ impl Relay {
 
     /// Moves events until `shutdown`; Redis and PostgreSQL outages are waited out.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), NotifyError> {
-        let mut redis: Option<ConnectionManager> = None;
+        let mut redis: Option<RedisConn> = None;
         let mut db: Option<tokio_postgres::Client> = None;
         let mut held: Vec<StreamEvent> = Vec::new();
         let mut last_claim = tokio::time::Instant::now() - self.config.relay_claim_after;
@@ -126,7 +129,7 @@ impl Relay {
 
     async fn round(
         &self,
-        redis: &mut Option<ConnectionManager>,
+        redis: &mut Option<RedisConn>,
         db: &mut Option<tokio_postgres::Client>,
         held: &mut Vec<StreamEvent>,
         last_claim: &mut tokio::time::Instant,
@@ -246,7 +249,7 @@ impl Relay {
         self.ack(conn, &ids).await
     }
 
-    async fn ack(&self, conn: &mut ConnectionManager, ids: &[String]) -> Result<(), NotifyError> {
+    async fn ack(&self, conn: &mut RedisConn, ids: &[String]) -> Result<(), NotifyError> {
         let _: (u64, u64) = redis::pipe()
             .xack(&self.keys.events, &self.config.group, ids)
             .xdel(&self.keys.events, ids)

@@ -11,7 +11,7 @@
 use crate::orders::{OrdersApi, Ticket};
 use crate::report::SimStats;
 use crate::SimError;
-use courier_wire::{clock::unix_now, Keys, MqttEndpoint};
+use courier_wire::{clock::unix_now, Keys, MqttEndpoint, RedisConn, RedisOptions, RedisTarget};
 use rumqttc::{AsyncClient, Event, EventLoop, Packet, QoS, SubscribeReasonCode};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -28,7 +28,7 @@ const RETRY: Duration = Duration::from_millis(500);
 #[derive(Debug, Clone)]
 pub enum Assigner {
     /// `HSET courier:order <courier> <order>` (the fallback for a pipeline without fanout).
-    Redis { url: String, keys: Keys },
+    Redis { redis: RedisTarget, keys: Keys },
     /// `POST {base_url}/orders/{order}/assign` with `Authorization: Bearer <service_key>`;
     /// the run ends its orders with a `delivered` event (with an `Idempotency-Key`).
     Api {
@@ -87,10 +87,8 @@ impl Assigner {
             return Ok(());
         }
         match self {
-            Assigner::Redis { url, keys } => {
-                let mut c = redis::Client::open(url.as_str())?
-                    .get_multiplexed_async_connection()
-                    .await?;
+            Assigner::Redis { redis, keys } => {
+                let mut c = RedisConn::connect(redis, &RedisOptions::default()).await?;
                 let mut cmd = redis::cmd("HSET");
                 cmd.arg(&keys.order);
                 for (courier, order) in pairs {
@@ -124,10 +122,8 @@ impl Assigner {
             return Ok(0);
         }
         match self {
-            Assigner::Redis { url, keys } => {
-                let mut c = redis::Client::open(url.as_str())?
-                    .get_multiplexed_async_connection()
-                    .await?;
+            Assigner::Redis { redis, keys } => {
+                let mut c = RedisConn::connect(redis, &RedisOptions::default()).await?;
                 let script = redis::Script::new(
                     "local n = 0 for i = 1, #ARGV, 2 do if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then redis.call('HDEL', KEYS[1], ARGV[i]) n = n + 1 end end return n",
                 );
@@ -408,7 +404,7 @@ mod tests {
     #[test]
     fn the_gateway_needs_the_orders_api() {
         let redis = Assigner::Redis {
-            url: "redis://127.0.0.1/".into(),
+            redis: RedisTarget::single("redis://127.0.0.1/"),
             keys: Keys::with_prefix(""),
         };
         assert!(redis.check(&Viewer::Gateway).is_err());

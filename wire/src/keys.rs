@@ -57,6 +57,13 @@ impl Keys {
     }
 }
 
+impl Keys {
+    /// The prefix every name starts with (on a Redis Cluster it must carry a hash tag).
+    pub fn prefix(&self) -> &str {
+        self.live.strip_suffix("couriers:live").unwrap_or("")
+    }
+}
+
 impl Default for Keys {
     fn default() -> Self {
         Keys::with_prefix("")
@@ -98,5 +105,7 @@ mod tests {
         ] {
             assert!(key.starts_with("{riyadh}:"), "{key}");
         }
+        assert_eq!(k.prefix(), "{riyadh}:");
+        assert_eq!(Keys::default().prefix(), "");
     }
 }

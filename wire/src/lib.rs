@@ -1,4 +1,5 @@
-//! The wire format of courier-pipeline, with no I/O.
+//! The wire format of courier-pipeline, with no I/O (features `mqtt` and `redis` add the client
+//! options and the Redis connection every role shares).
 //!
 //! Everything clients and operators depend on by name lives here: the MQTT topics
 //! (`couriers/{id}/loc`, `couriers/{id}/status`, `track/{order}`), the point payload and its
@@ -16,11 +17,17 @@ pub mod metrics;
 #[cfg(feature = "mqtt")]
 pub mod mqtt;
 pub mod point;
+#[cfg(feature = "redis")]
+pub mod redis_conn;
+pub mod redis_target;
 pub mod topic;
 pub mod track;
 
 pub use endpoint::MqttEndpoint;
 pub use keys::Keys;
 pub use point::{decode_point, Invalid, Point, Validation};
+#[cfg(feature = "redis")]
+pub use redis_conn::{RedisConn, RedisOptions};
+pub use redis_target::RedisTarget;
 pub use topic::{loc_topic, parse_courier_topic, status_topic, track_topic, CourierTopic};
 pub use track::encode_track;
