@@ -46,6 +46,8 @@ CREATE TABLE webhook_deliveries (
     UNIQUE (event_id, endpoint_id)
 );
 CREATE INDEX ON webhook_deliveries (next_attempt_at) WHERE state = 'pending';
+-- The probe of a half-open endpoint: its first due delivery.
+CREATE INDEX ON webhook_deliveries (endpoint_id, next_attempt_at) WHERE state = 'pending';
 CREATE INDEX ON webhook_deliveries (endpoint_id, done_at) WHERE state = 'dead';
 CREATE INDEX ON webhook_deliveries (done_at) WHERE state = 'delivered';
 

@@ -268,6 +268,24 @@ impl Dispatcher {
             *db = Some(c);
         }
         let client = db.as_mut().expect("connected above");
+        // A round's successful webhooks in one statement; everything else one by one.
+        let ok: Vec<(i64, i64, u16)> = unsaved
+            .iter()
+            .filter_map(|(d, _)| match d {
+                Done::Webhook(c, Outcome::Delivered { status }) => {
+                    Some((c.delivery_id, c.endpoint_id, *status))
+                }
+                _ => None,
+            })
+            .collect();
+        outbox::delivered(client, &ok).await?;
+        unsaved.retain(|(d, took)| {
+            let delivered = matches!(d, Done::Webhook(_, Outcome::Delivered { .. }));
+            if delivered {
+                self.stats.attempt("delivered", *took);
+            }
+            !delivered
+        });
         while let Some((done, took)) = unsaved.pop() {
             let stored = match &done {
                 Done::Webhook(c, o) => outbox::complete(client, c, o, &breaker).await,

@@ -94,7 +94,8 @@ pub struct Claimed {
 /// runs out, if this one never reports). An endpoint with an open breaker gives none; a
 /// half-open one gives one (the probe), and is held open for the lease meanwhile so that no
 /// other process probes it too. `FOR UPDATE SKIP LOCKED`: processes claiming at once get
-/// different rows.
+/// different rows. Both queries walk an index in due order and stop at `limit`: the cost of a
+/// claim does not grow with the backlog.
 pub async fn claim(
     db: &mut Client,
     limit: usize,
@@ -102,25 +103,47 @@ pub async fn claim(
     breaker: &Breaker,
 ) -> Result<Vec<Claimed>, tokio_postgres::Error> {
     let tx = db.transaction().await?;
+    let threshold = breaker.open_after as i32;
+    // Half-open endpoints first (few): one probe each.
+    let probes: Vec<i64> = tx
+        .query(
+            "SELECT d.id FROM webhook_endpoints e CROSS JOIN LATERAL (
+                 SELECT id FROM webhook_deliveries
+                 WHERE endpoint_id = e.id AND state = 'pending' AND next_attempt_at <= now()
+                 ORDER BY next_attempt_at LIMIT 1 FOR UPDATE SKIP LOCKED) d
+             WHERE e.failures >= $1 AND e.disabled_at IS NULL
+               AND (e.open_until IS NULL OR e.open_until <= now())
+             LIMIT $2",
+            &[&threshold, &(limit as i64)],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let rest = limit.saturating_sub(probes.len()) as i64;
+    let mut ids: Vec<i64> = tx
+        .query(
+            "SELECT d.id FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
+             WHERE d.state = 'pending' AND d.next_attempt_at <= now() AND e.disabled_at IS NULL
+               AND e.failures < $2 AND (e.open_until IS NULL OR e.open_until <= now())
+             ORDER BY d.next_attempt_at LIMIT $1
+             FOR UPDATE OF d SKIP LOCKED",
+            &[&rest, &threshold],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ids.extend(probes);
+    // Locked above: this transaction alone changes them.
     let rows = tx
         .query(
-            "WITH cand AS (
-                 SELECT d.id, e.failures >= $3 AS probing,
-                        row_number() OVER (PARTITION BY d.endpoint_id ORDER BY d.next_attempt_at) AS rn
-                 FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
-                 WHERE d.state = 'pending' AND d.next_attempt_at <= now() AND e.disabled_at IS NULL
-                   AND (e.open_until IS NULL OR e.open_until <= now())),
-             due AS (
-                 SELECT d.id FROM webhook_deliveries d JOIN cand ON cand.id = d.id
-                 WHERE NOT cand.probing OR cand.rn = 1
-                 ORDER BY d.next_attempt_at LIMIT $1
-                 FOR UPDATE OF d SKIP LOCKED),
-             upd AS (
+            "WITH upd AS (
                  UPDATE webhook_deliveries d
                  SET attempts = d.attempts + 1, last_attempt_at = now(),
                      first_attempt_at = coalesce(d.first_attempt_at, now()),
                      next_attempt_at = now() + make_interval(secs => $2)
-                 FROM due WHERE d.id = due.id
+                 WHERE d.id = ANY ($1)
                  RETURNING d.id, d.attempts, d.first_attempt_at, d.event_id, d.endpoint_id)
              SELECT upd.id, upd.attempts, extract(epoch FROM upd.first_attempt_at)::float8,
                     e.id, e.url, e.secret, e.failures,
@@ -128,11 +151,7 @@ pub async fn claim(
                     extract(epoch FROM ev.occurred_at)::float8
              FROM upd JOIN webhook_endpoints e ON e.id = upd.endpoint_id
                       JOIN order_events ev ON ev.id = upd.event_id",
-            &[
-                &(limit as i64),
-                &lease.as_secs_f64(),
-                &(breaker.open_after as i32),
-            ],
+            &[&ids, &lease.as_secs_f64()],
         )
         .await?;
     let claimed: Vec<Claimed> = rows
@@ -155,21 +174,48 @@ pub async fn claim(
             },
         })
         .collect();
-    let probes: Vec<i64> = claimed
+    let probing: Vec<i64> = claimed
         .iter()
         .filter(|c| breaker.probing(c.failures))
         .map(|c| c.endpoint_id)
         .collect();
-    if !probes.is_empty() {
+    if !probing.is_empty() {
         tx.execute(
             "UPDATE webhook_endpoints SET open_until = now() + make_interval(secs => $2)
              WHERE id = ANY ($1)",
-            &[&probes, &lease.as_secs_f64()],
+            &[&probing, &lease.as_secs_f64()],
         )
         .await?;
     }
     tx.commit().await?;
     Ok(claimed)
+}
+
+/// Stores many delivered attempts at once (the common case: one statement for a round's
+/// successes) and closes their endpoints' breakers.
+pub async fn delivered(db: &Client, done: &[(i64, i64, u16)]) -> Result<(), tokio_postgres::Error> {
+    if done.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<i64> = done.iter().map(|d| d.0).collect();
+    let statuses: Vec<i32> = done.iter().map(|d| i32::from(d.2)).collect();
+    let mut endpoints: Vec<i64> = done.iter().map(|d| d.1).collect();
+    endpoints.sort_unstable();
+    endpoints.dedup();
+    db.execute(
+        "UPDATE webhook_deliveries d SET state = 'delivered', last_status = u.s, last_error = NULL,
+             done_at = now()
+         FROM unnest($1::bigint[], $2::int[]) AS u(id, s) WHERE d.id = u.id",
+        &[&ids, &statuses],
+    )
+    .await?;
+    db.execute(
+        "UPDATE webhook_endpoints SET failures = 0, open_until = NULL
+         WHERE id = ANY ($1) AND (failures <> 0 OR open_until IS NOT NULL)",
+        &[&endpoints],
+    )
+    .await?;
+    Ok(())
 }
 
 /// The end of one attempt, as stored.
