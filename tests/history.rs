@@ -46,7 +46,7 @@ async fn migrated(url: &str) -> tokio_postgres::Client {
 async fn migrations_apply_once_even_twice_in_a_row_and_concurrently() {
     let s = pg_schema().await;
     let mut c = pg_connect(&s.url).await;
-    assert_eq!(history_writer::migrate(&mut c).await.unwrap(), vec![1, 2]);
+    assert_eq!(history_writer::migrate(&mut c).await.unwrap(), vec![1, 2, 3]);
     assert_eq!(
         history_writer::migrate(&mut c).await.unwrap(),
         Vec::<i32>::new(),
@@ -57,7 +57,7 @@ async fn migrations_apply_once_even_twice_in_a_row_and_concurrently() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(n, 2);
+    assert_eq!(n, 3);
     s.drop().await;
 
     // Two writers starting together on an empty schema: one applies, the other waits and
@@ -73,7 +73,7 @@ async fn migrations_apply_once_even_twice_in_a_row_and_concurrently() {
     all.sort();
     assert_eq!(
         all,
-        vec![1, 2],
+        vec![1, 2, 3],
         "each migration applied exactly once: {ra:?} {rb:?}"
     );
     let kind: String = a
@@ -92,7 +92,7 @@ async fn migrations_apply_once_even_twice_in_a_row_and_concurrently() {
 async fn copy_lands_each_row_in_its_utc_day_and_a_missing_day_is_reported() {
     let s = pg_schema().await;
     let mut admin = migrated(&s.url).await;
-    let out = partitions::upkeep(&mut admin, NOV30 + 12.0 * 3600.0, 3, 30)
+    let out = partitions::upkeep(&mut admin, NOV30 + 12.0 * 3600.0, 3, 30, false)
         .await
         .unwrap();
     assert_eq!(
@@ -190,7 +190,7 @@ async fn upkeep_creates_ahead_and_drops_whole_days_past_retention() {
     let s = pg_schema().await;
     let mut admin = migrated(&s.url).await;
     let nov1 = NOV30 - 29.0 * DAY;
-    let out = partitions::upkeep(&mut admin, nov1 + 3600.0, 3, 30)
+    let out = partitions::upkeep(&mut admin, nov1 + 3600.0, 3, 30, false)
         .await
         .unwrap();
     assert_eq!(out.created.len(), 4);
@@ -204,7 +204,7 @@ async fn upkeep_creates_ahead_and_drops_whole_days_past_retention() {
     .unwrap();
 
     // Days later, with the clock moved: the days ahead appear, nothing is young enough to go.
-    let out = partitions::upkeep(&mut admin, NOV30, 3, 30).await.unwrap();
+    let out = partitions::upkeep(&mut admin, NOV30, 3, 30, false).await.unwrap();
     assert_eq!(
         out.created.first().map(String::as_str),
         Some("courier_points_p20261130")
@@ -213,15 +213,15 @@ async fn upkeep_creates_ahead_and_drops_whole_days_past_retention() {
     assert!(out.dropped.is_empty());
     // Nov 1 ended Nov 2 00:00; 30 days later is Dec 2 00:00. A second before: kept.
     let dec2 = NOV30 + 2.0 * DAY;
-    let out = partitions::upkeep(&mut admin, dec2 - 1.0, 3, 30)
+    let out = partitions::upkeep(&mut admin, dec2 - 1.0, 3, 30, false)
         .await
         .unwrap();
     assert!(out.dropped.is_empty(), "{out:?}");
     // Two writers doing upkeep at the same moment: one drops, neither fails.
     let mut other = pg_connect(&s.url).await;
     let (a, b) = tokio::join!(
-        partitions::upkeep(&mut admin, dec2, 3, 30),
-        partitions::upkeep(&mut other, dec2, 3, 30)
+        partitions::upkeep(&mut admin, dec2, 3, 30, false),
+        partitions::upkeep(&mut other, dec2, 3, 30, false)
     );
     let (a, b) = (a.unwrap(), b.unwrap());
     let dropped = [a.dropped.clone(), b.dropped.clone()].concat();
@@ -663,7 +663,7 @@ async fn a_trail_with_too_many_points_is_refused_not_loaded() {
     let s = pg_schema().await;
     let mut admin = migrated(&s.url).await;
     let t = now();
-    partitions::upkeep(&mut admin, t, 1, 30).await.unwrap();
+    partitions::upkeep(&mut admin, t, 1, 30, false).await.unwrap();
     // Whole seconds: the query's times are written to the second (`rfc`).
     let base = (t - 600.0).floor();
     let rows: Vec<_> = (1..=6)
@@ -707,7 +707,7 @@ async fn trail_needs_a_trail_token_and_reason_is_audited_and_is_geojson() {
     let s = pg_schema().await;
     let mut admin = migrated(&s.url).await;
     let t = now();
-    partitions::upkeep(&mut admin, t, 1, 30).await.unwrap();
+    partitions::upkeep(&mut admin, t, 1, 30, false).await.unwrap();
     partitions::ensure_days(&mut admin, &[day_of(t) - 1])
         .await
         .unwrap();
@@ -999,7 +999,7 @@ async fn a_read_only_database_keeps_the_rows_until_it_takes_writes_again() {
     let broker = start_broker(BrokerKind::Embedded);
     let s = pg_schema().await;
     let mut admin = migrated(&s.url).await;
-    partitions::upkeep(&mut admin, now(), 1, 30).await.unwrap();
+    partitions::upkeep(&mut admin, now(), 1, 30, false).await.unwrap();
     // A role of this test only; superuser, so privileges are not the point.
     let role = format!("ro{:012x}", rand::random::<u64>() >> 16);
     admin

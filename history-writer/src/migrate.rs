@@ -32,6 +32,11 @@ pub const MIGRATIONS: &[Migration] = &[
             "/../sql/0002_trail_access_log.sql"
         )),
     },
+    Migration {
+        version: 3,
+        name: "privacy",
+        sql: include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../sql/0003_privacy.sql")),
+    },
 ];
 
 /// Applies the missing migrations in one transaction; returns the versions it applied.
