@@ -196,7 +196,12 @@ pub async fn run(
             .clone();
         let clock = history_writer::system_clock();
         let optional = |aud| config.auth.as_ref().and_then(|k| k.verifier(aud)).cloned();
-        let mut trail = Trail::new(&config.database_url, keys.clone(), &config.history, clock.clone());
+        let mut trail = Trail::new(
+            &config.database_url,
+            keys.clone(),
+            &config.history,
+            clock.clone(),
+        );
         match optional(Audience::Courier) {
             Some(k) => trail = trail.with_courier_keys(k),
             None => tracing::info!("no courier.pub: couriers' own-trail (access) not served"),
@@ -205,8 +210,14 @@ pub async fn run(
         routes.push(AggregateApi::new(&config.database_url, keys, clock.clone()).router());
         match optional(Audience::Privacy) {
             Some(k) => routes.push(
-                Erasure::new(&config.database_url, &config.redis_url, config.keys.clone(), k, clock.clone())?
-                    .router(),
+                Erasure::new(
+                    &config.database_url,
+                    &config.redis_url,
+                    config.keys.clone(),
+                    k,
+                    clock.clone(),
+                )?
+                .router(),
             ),
             None => tracing::info!("no privacy.pub: the erasure API is not served"),
         }

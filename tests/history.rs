@@ -46,7 +46,10 @@ async fn migrated(url: &str) -> tokio_postgres::Client {
 async fn migrations_apply_once_even_twice_in_a_row_and_concurrently() {
     let s = pg_schema().await;
     let mut c = pg_connect(&s.url).await;
-    assert_eq!(history_writer::migrate(&mut c).await.unwrap(), vec![1, 2, 3]);
+    assert_eq!(
+        history_writer::migrate(&mut c).await.unwrap(),
+        vec![1, 2, 3]
+    );
     assert_eq!(
         history_writer::migrate(&mut c).await.unwrap(),
         Vec::<i32>::new(),
@@ -204,7 +207,9 @@ async fn upkeep_creates_ahead_and_drops_whole_days_past_retention() {
     .unwrap();
 
     // Days later, with the clock moved: the days ahead appear, nothing is young enough to go.
-    let out = partitions::upkeep(&mut admin, NOV30, 3, 30, false).await.unwrap();
+    let out = partitions::upkeep(&mut admin, NOV30, 3, 30, false)
+        .await
+        .unwrap();
     assert_eq!(
         out.created.first().map(String::as_str),
         Some("courier_points_p20261130")
@@ -663,7 +668,9 @@ async fn a_trail_with_too_many_points_is_refused_not_loaded() {
     let s = pg_schema().await;
     let mut admin = migrated(&s.url).await;
     let t = now();
-    partitions::upkeep(&mut admin, t, 1, 30, false).await.unwrap();
+    partitions::upkeep(&mut admin, t, 1, 30, false)
+        .await
+        .unwrap();
     // Whole seconds: the query's times are written to the second (`rfc`).
     let base = (t - 600.0).floor();
     let rows: Vec<_> = (1..=6)
@@ -707,7 +714,9 @@ async fn trail_needs_a_trail_token_and_reason_is_audited_and_is_geojson() {
     let s = pg_schema().await;
     let mut admin = migrated(&s.url).await;
     let t = now();
-    partitions::upkeep(&mut admin, t, 1, 30, false).await.unwrap();
+    partitions::upkeep(&mut admin, t, 1, 30, false)
+        .await
+        .unwrap();
     partitions::ensure_days(&mut admin, &[day_of(t) - 1])
         .await
         .unwrap();
@@ -999,7 +1008,9 @@ async fn a_read_only_database_keeps_the_rows_until_it_takes_writes_again() {
     let broker = start_broker(BrokerKind::Embedded);
     let s = pg_schema().await;
     let mut admin = migrated(&s.url).await;
-    partitions::upkeep(&mut admin, now(), 1, 30, false).await.unwrap();
+    partitions::upkeep(&mut admin, now(), 1, 30, false)
+        .await
+        .unwrap();
     // A role of this test only; superuser, so privileges are not the point.
     let role = format!("ro{:012x}", rand::random::<u64>() >> 16);
     admin

@@ -28,7 +28,8 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(31 * 86_400);
 /// Most rows of one answer.
 pub const MAX_ROWS: usize = 100_000;
 
-const READ_SQL: &str = "SELECT hour, cell, couriers, points, segments, median_speed_mps, p90_speed_mps \
+const READ_SQL: &str =
+    "SELECT hour, cell, couriers, points, segments, median_speed_mps, p90_speed_mps \
      FROM courier_aggregates WHERE hour >= $1 AND hour < $2 AND starts_with(cell, $3) \
      ORDER BY hour, cell LIMIT $4";
 
@@ -102,7 +103,9 @@ async fn answer(
     }
     let cell = q.get("cell").map(|s| s.trim()).unwrap_or("");
     if cell.len() > crate::geohash::PRECISION
-        || !cell.bytes().all(|b| b"0123456789bcdefghjkmnpqrstuvwxyz".contains(&b))
+        || !cell
+            .bytes()
+            .all(|b| b"0123456789bcdefghjkmnpqrstuvwxyz".contains(&b))
     {
         return Err(Refusal::new(
             StatusCode::BAD_REQUEST,
@@ -153,7 +156,5 @@ async fn read(
     // A connection per request: operations read aggregates a few times a minute at most.
     let client = crate::sink::connect(&api.inner.url, "courier-aggregate-api").await?;
     let limit = (MAX_ROWS + 1) as i64;
-    Ok(client
-        .query(READ_SQL, &[&from, &to, &cell, &limit])
-        .await?)
+    Ok(client.query(READ_SQL, &[&from, &to, &cell, &limit]).await?)
 }

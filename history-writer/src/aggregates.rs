@@ -188,10 +188,7 @@ pub async fn run_pending(
         tx.batch_execute("SET LOCAL lock_timeout = '10s'; SET LOCAL statement_timeout = '10min'")
             .await?;
         let mark = match tx
-            .query_opt(
-                "SELECT done_until FROM aggregate_watermark FOR UPDATE",
-                &[],
-            )
+            .query_opt("SELECT done_until FROM aggregate_watermark FOR UPDATE", &[])
             .await?
         {
             Some(r) => unix(r.get(0)),
@@ -207,8 +204,7 @@ pub async fn run_pending(
             }
         };
         out.done_until = mark;
-        let Some(hour) = next_hour(mark, now, s.delay).filter(|_| out.hours < s.max_hours)
-        else {
+        let Some(hour) = next_hour(mark, now, s.delay).filter(|_| out.hours < s.max_hours) else {
             tx.commit().await?;
             break;
         };

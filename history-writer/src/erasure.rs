@@ -125,7 +125,10 @@ impl Erasure {
             .await?;
         let mut removed = Removed {
             postgres_points: tx
-                .execute("DELETE FROM courier_points WHERE courier_id = $1", &[&courier])
+                .execute(
+                    "DELETE FROM courier_points WHERE courier_id = $1",
+                    &[&courier],
+                )
                 .await?,
             ..Removed::default()
         };
@@ -154,7 +157,15 @@ impl Erasure {
         let id: i64 = tx
             .query_one(
                 AUDIT_SQL,
-                &[&actor, &courier, &reason, &points, &(live as i32), &(seq as i32), &(bindings as i32)],
+                &[
+                    &actor,
+                    &courier,
+                    &reason,
+                    &points,
+                    &(live as i32),
+                    &(seq as i32),
+                    &(bindings as i32),
+                ],
             )
             .await?
             .get(0);
@@ -205,13 +216,16 @@ async fn answer(
     })?;
     let reason = check_reason(&body.reason)?;
     let started = std::time::Instant::now();
-    let (removed, audit_id) = e.erase(&claims.sub, &courier, reason).await.map_err(|err| {
-        tracing::error!(error = %err, "erasure failed; nothing was removed from PostgreSQL");
-        Refusal::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "erasure failed and was rolled back; try again",
-        )
-    })?;
+    let (removed, audit_id) = e
+        .erase(&claims.sub, &courier, reason)
+        .await
+        .map_err(|err| {
+            tracing::error!(error = %err, "erasure failed; nothing was removed from PostgreSQL");
+            Refusal::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "erasure failed and was rolled back; try again",
+            )
+        })?;
     metrics::counter!(m::ERASURE_POINTS).increment(removed.postgres_points);
     tracing::info!(actor = %claims.sub, courier = %courier, points = removed.postgres_points,
         seconds = started.elapsed().as_secs_f64(), "courier erased (audited)");

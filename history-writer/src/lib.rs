@@ -27,8 +27,8 @@ pub mod aggregates;
 pub mod audit;
 pub mod buffer;
 pub mod config;
-pub mod error;
 pub mod erasure;
+pub mod error;
 pub mod events;
 pub mod geohash;
 pub mod migrate;
@@ -40,12 +40,12 @@ mod source;
 pub mod trail;
 mod writer;
 
+pub use aggregate_api::AggregateApi;
 pub use config::HistoryConfig;
+pub use erasure::Erasure;
 pub use error::HistoryError;
 pub use events::{DropReason, Stats};
 pub use migrate::migrate;
-pub use aggregate_api::AggregateApi;
-pub use erasure::Erasure;
 pub use trail::Trail;
 
 use buffer::Bounded;
@@ -265,7 +265,9 @@ async fn expire_audit(client: &tokio_postgres::Client, now: f64, days: u32) {
                 }
             }
         }
-        Err(e) => tracing::warn!(error = %e, "history: audit log retention failed; retrying at the next upkeep"),
+        Err(e) => {
+            tracing::warn!(error = %e, "history: audit log retention failed; retrying at the next upkeep")
+        }
     }
 }
 
@@ -302,7 +304,11 @@ async fn aggregate_loop(url: String, cfg: HistoryConfig, clock: Clock, stop: Can
                     metrics::counter!(m::AGGREGATE_CELLS).increment(out.cells);
                     metrics::histogram!(m::AGGREGATE_HOUR_SECONDS)
                         .record(started.elapsed().as_secs_f64() / f64::from(out.hours));
-                    tracing::info!(hours = out.hours, cells = out.cells, "history: hours aggregated");
+                    tracing::info!(
+                        hours = out.hours,
+                        cells = out.cells,
+                        "history: hours aggregated"
+                    );
                 }
                 metrics::gauge!(m::AGGREGATE_LAG_SECONDS).set(clock() - out.done_until as f64);
                 // A run that hit max_hours has more to do: go on at once.
@@ -344,9 +350,14 @@ async fn upkeep_loop(
                 client = Some(sink::connect(&url, "courier-history-upkeep").await?);
             }
             let c = client.as_mut().expect("connected above");
-            let out =
-                partitions::upkeep(c, clock(), cfg.days_ahead, cfg.retention_days, cfg.aggregates)
-                    .await?;
+            let out = partitions::upkeep(
+                c,
+                clock(),
+                cfg.days_ahead,
+                cfg.retention_days,
+                cfg.aggregates,
+            )
+            .await?;
             expire_audit(c, clock(), cfg.audit_retention_days).await;
             Ok::<_, HistoryError>(out)
         }

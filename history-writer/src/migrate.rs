@@ -35,7 +35,10 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 3,
         name: "privacy",
-        sql: include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../sql/0003_privacy.sql")),
+        sql: include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../sql/0003_privacy.sql"
+        )),
     },
 ];
 

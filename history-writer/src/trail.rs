@@ -126,7 +126,8 @@ pub(crate) fn bearer(
         .map(str::trim)
         .filter(|t| !t.is_empty())
         .ok_or("missing")?;
-    keys.verify(token, now.max(0.0) as u64).map_err(|e| e.label())
+    keys.verify(token, now.max(0.0) as u64)
+        .map_err(|e| e.label())
 }
 
 /// The generic 401 of the privacy doors (erasure, aggregates): the reason goes to the log only.
