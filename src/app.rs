@@ -7,7 +7,7 @@ use crate::config::{Broker, Config};
 use crate::telemetry;
 use courier_auth::Audience;
 use fanout::{Fanout, FanoutError};
-use history_writer::{HistoryError, HistoryWriter, Trail};
+use history_writer::{AggregateApi, Erasure, HistoryError, HistoryWriter, Trail};
 use ingest::{Ingest, IngestError, Stats};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
@@ -199,8 +199,32 @@ pub async fn run(
             )?
             .clone();
         let clock = history_writer::system_clock();
-        routes
-            .push(Trail::new(&config.database_url, keys, &config.history, clock.clone()).router());
+        let optional = |aud| config.auth.as_ref().and_then(|k| k.verifier(aud)).cloned();
+        let mut trail = Trail::new(
+            &config.database_url,
+            keys.clone(),
+            &config.history,
+            clock.clone(),
+        );
+        match optional(Audience::Courier) {
+            Some(k) => trail = trail.with_courier_keys(k),
+            None => tracing::info!("no courier.pub: couriers' own-trail (access) not served"),
+        }
+        routes.push(trail.router());
+        routes.push(AggregateApi::new(&config.database_url, keys, clock.clone()).router());
+        match optional(Audience::Privacy) {
+            Some(k) => routes.push(
+                Erasure::new(
+                    &config.database_url,
+                    &config.redis,
+                    config.keys.clone(),
+                    k,
+                    clock.clone(),
+                )?
+                .router(),
+            ),
+            None => tracing::info!("no privacy.pub: the erasure API is not served"),
+        }
         let writer = HistoryWriter {
             config: config.history.clone(),
             mqtt: config.worker_endpoint("history"),

@@ -126,6 +126,16 @@ enum TokenCommand {
         #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
         ttl: Duration,
     },
+    /// A data-protection officer's erasure token (audience `privacy`, signed with
+    /// privacy.key), on stdout: `POST /couriers/{id}/erasure` (docs/privacy.md).
+    Privacy {
+        /// Who will use it; recorded in erasure_log.
+        #[arg(long)]
+        actor: String,
+        /// How long it is valid, e.g. `15m`.
+        #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+    },
     /// A courier's device token (MQTT password at the edge; username = the courier id), signed
     /// with courier.key. Rotation: docs/security.md.
     Courier {
@@ -316,14 +326,15 @@ fn real_main() -> anyhow::Result<()> {
             Command::Notify(a) => (Role::Notify, a),
             Command::Migrate => return migrate(&config.database_url).await,
             Command::Token(TokenCommand::Trail { actor, ttl }) => {
-                anyhow::ensure!(
-                    !actor.trim().is_empty()
-                        && actor.len() <= 128
-                        && !actor.chars().any(char::is_control),
-                    "--actor must be a name of 1-128 printable characters"
-                );
+                check_actor(&actor)?;
                 return mint(&config, Audience::Trail, |now| {
                     courier_auth::Claims::trail(actor.trim(), now, ttl.as_secs())
+                });
+            }
+            Command::Token(TokenCommand::Privacy { actor, ttl }) => {
+                check_actor(&actor)?;
+                return mint(&config, Audience::Privacy, |now| {
+                    courier_auth::Claims::privacy(actor.trim(), now, ttl.as_secs())
                 });
             }
             Command::Token(TokenCommand::Courier { id, ttl }) => {
@@ -583,6 +594,15 @@ async fn migrate(url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An actor named in an audit row: printable, 1-128 characters.
+fn check_actor(actor: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !actor.trim().is_empty() && actor.len() <= 128 && !actor.chars().any(char::is_control),
+        "--actor must be a name of 1-128 printable characters"
+    );
+    Ok(())
+}
+
 /// The audiences whose private keys a command reads: what it mints, nothing more (the edge
 /// and the bus broker read none).
 fn mints(command: &Command) -> Vec<Audience> {
@@ -603,6 +623,7 @@ fn mints(command: &Command) -> Vec<Audience> {
         }
         Command::Token(TokenCommand::Courier { .. }) => vec![Audience::Courier],
         Command::Token(TokenCommand::Trail { .. }) => vec![Audience::Trail],
+        Command::Token(TokenCommand::Privacy { .. }) => vec![Audience::Privacy],
         Command::Token(TokenCommand::Bus { .. }) => vec![Audience::Bus],
         Command::Broker(_)
         | Command::Notify(_)
@@ -669,6 +690,7 @@ mod tests {
         assert_eq!(mints_of("cp run"), [Viewer, Bus]);
         assert_eq!(mints_of("cp ingest"), [Bus]);
         assert_eq!(mints_of("cp token trail --actor a"), [Trail]);
+        assert_eq!(mints_of("cp token privacy --actor a"), [Privacy]);
         assert_eq!(mints_of("cp simulate --couriers 5"), [Courier]);
         assert_eq!(
             mints_of("cp simulate --couriers 5 --orders 2"),

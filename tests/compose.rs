@@ -180,7 +180,16 @@ fn each_service_mounts_only_the_keys_its_role_needs() {
         ("broker", &["bus.pub"][..]),
         ("edge", &["courier.pub"][..]),
         ("ingest", &["bus.key", "bus.pub"][..]),
-        ("history-writer", &["bus.key", "bus.pub", "trail.pub"][..]),
+        (
+            "history-writer",
+            &[
+                "bus.key",
+                "bus.pub",
+                "courier.pub",
+                "privacy.pub",
+                "trail.pub",
+            ][..],
+        ),
         (
             "fanout",
             &["bus.key", "bus.pub", "viewer.key", "viewer.pub"][..],

@@ -95,7 +95,7 @@ async fn migrations_apply_once_even_twice_in_a_row_and_concurrently() {
 async fn copy_lands_each_row_in_its_utc_day_and_a_missing_day_is_reported() {
     let s = pg_schema().await;
     let mut admin = migrated(&s.url).await;
-    let out = partitions::upkeep(&mut admin, NOV30 + 12.0 * 3600.0, 3, 30)
+    let out = partitions::upkeep(&mut admin, NOV30 + 12.0 * 3600.0, 3, 30, false)
         .await
         .unwrap();
     assert_eq!(
@@ -193,7 +193,7 @@ async fn upkeep_creates_ahead_and_drops_whole_days_past_retention() {
     let s = pg_schema().await;
     let mut admin = migrated(&s.url).await;
     let nov1 = NOV30 - 29.0 * DAY;
-    let out = partitions::upkeep(&mut admin, nov1 + 3600.0, 3, 30)
+    let out = partitions::upkeep(&mut admin, nov1 + 3600.0, 3, 30, false)
         .await
         .unwrap();
     assert_eq!(out.created.len(), 4);
@@ -207,7 +207,9 @@ async fn upkeep_creates_ahead_and_drops_whole_days_past_retention() {
     .unwrap();
 
     // Days later, with the clock moved: the days ahead appear, nothing is young enough to go.
-    let out = partitions::upkeep(&mut admin, NOV30, 3, 30).await.unwrap();
+    let out = partitions::upkeep(&mut admin, NOV30, 3, 30, false)
+        .await
+        .unwrap();
     assert_eq!(
         out.created.first().map(String::as_str),
         Some("courier_points_p20261130")
@@ -216,15 +218,15 @@ async fn upkeep_creates_ahead_and_drops_whole_days_past_retention() {
     assert!(out.dropped.is_empty());
     // Nov 1 ended Nov 2 00:00; 30 days later is Dec 2 00:00. A second before: kept.
     let dec2 = NOV30 + 2.0 * DAY;
-    let out = partitions::upkeep(&mut admin, dec2 - 1.0, 3, 30)
+    let out = partitions::upkeep(&mut admin, dec2 - 1.0, 3, 30, false)
         .await
         .unwrap();
     assert!(out.dropped.is_empty(), "{out:?}");
     // Two writers doing upkeep at the same moment: one drops, neither fails.
     let mut other = pg_connect(&s.url).await;
     let (a, b) = tokio::join!(
-        partitions::upkeep(&mut admin, dec2, 3, 30),
-        partitions::upkeep(&mut other, dec2, 3, 30)
+        partitions::upkeep(&mut admin, dec2, 3, 30, false),
+        partitions::upkeep(&mut other, dec2, 3, 30, false)
     );
     let (a, b) = (a.unwrap(), b.unwrap());
     let dropped = [a.dropped.clone(), b.dropped.clone()].concat();
@@ -666,7 +668,9 @@ async fn a_trail_with_too_many_points_is_refused_not_loaded() {
     let s = pg_schema().await;
     let mut admin = migrated(&s.url).await;
     let t = now();
-    partitions::upkeep(&mut admin, t, 1, 30).await.unwrap();
+    partitions::upkeep(&mut admin, t, 1, 30, false)
+        .await
+        .unwrap();
     // Whole seconds: the query's times are written to the second (`rfc`).
     let base = (t - 600.0).floor();
     let rows: Vec<_> = (1..=6)
@@ -710,7 +714,9 @@ async fn trail_needs_a_trail_token_and_reason_is_audited_and_is_geojson() {
     let s = pg_schema().await;
     let mut admin = migrated(&s.url).await;
     let t = now();
-    partitions::upkeep(&mut admin, t, 1, 30).await.unwrap();
+    partitions::upkeep(&mut admin, t, 1, 30, false)
+        .await
+        .unwrap();
     partitions::ensure_days(&mut admin, &[day_of(t) - 1])
         .await
         .unwrap();
@@ -1002,7 +1008,9 @@ async fn a_read_only_database_keeps_the_rows_until_it_takes_writes_again() {
     let broker = start_broker(BrokerKind::Embedded);
     let s = pg_schema().await;
     let mut admin = migrated(&s.url).await;
-    partitions::upkeep(&mut admin, now(), 1, 30).await.unwrap();
+    partitions::upkeep(&mut admin, now(), 1, 30, false)
+        .await
+        .unwrap();
     // A role of this test only; superuser, so privileges are not the point.
     let role = format!("ro{:012x}", rand::random::<u64>() >> 16);
     admin
@@ -1069,5 +1077,88 @@ async fn a_read_only_database_keeps_the_rows_until_it_takes_writes_again() {
     assert_eq!(st.dropped_total(), 0);
     w.stop().await;
     let _ = admin.batch_execute(&format!("DROP ROLE {role}")).await;
+    s.drop().await;
+}
+
+/// The running writer aggregates closed hours on its own timer (the clock injected at 11:15 of
+/// a day, so 10:00 is closed and past its delay), and its upkeep holds the partitions past
+/// retention until the aggregator has passed them, then drops them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_running_writer_aggregates_closed_hours_then_drops_old_days() {
+    let s = pg_schema().await;
+    let mut admin = migrated(&s.url).await;
+    let today = day_of(NOV30);
+    partitions::ensure_days(&mut admin, &[today - 31, today])
+        .await
+        .unwrap();
+    // Five couriers in one cell (just north of its south edge) during 10:00, a point each 4 s
+    // for a minute.
+    let hour = NOV30 + 10.0 * 3600.0;
+    let cells = history_writer::geohash::CELLS_PER_AXIS as f64;
+    let lat0 =
+        history_writer::geohash::axis_index(24.7136, 180.0) as f64 * 180.0 / cells - 90.0 + 0.0005;
+    let rows: Vec<Row> = (0..5)
+        .flat_map(|c| {
+            (0..15).map(move |i| Row {
+                courier_id: format!("k{c}").into(),
+                seq: i + 1,
+                phone_ts: hour + 60.0 + 4.0 * i as f64,
+                received_at: hour + 60.5 + 4.0 * i as f64,
+                order_id: None,
+                lat: lat0 + 0.00002 * i as f64,
+                lon: 46.6753 + 0.00001 * c as f64,
+            })
+        })
+        .collect();
+    PgSink::new(&s.url).copy(&rows).await.unwrap();
+    let broker = start_broker(BrokerKind::Embedded);
+    let config = HistoryConfig {
+        aggregate_every: Duration::from_secs(1),
+        upkeep_every: Duration::from_secs(1),
+        ..writer_config()
+    };
+    let at = hour + 3600.0 + 900.0;
+    let w = start_writer(
+        &broker,
+        &s.url,
+        Keys::with_prefix(&prefix()),
+        config,
+        Arc::new(move || at),
+    )
+    .await;
+    let mut done = None;
+    for _ in 0..100 {
+        let r = admin
+            .query_opt(
+                "SELECT extract(epoch FROM done_until)::float8 FROM aggregate_watermark",
+                &[],
+            )
+            .await
+            .unwrap();
+        done = r.map(|r| r.get::<_, f64>(0));
+        if done == Some(hour + 3600.0) && partitions::existing(&admin).await.unwrap().len() < 5 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        done,
+        Some(hour + 3600.0),
+        "the watermark stops at the open hour"
+    );
+    let cell: (i32, i32) = {
+        let r = admin
+            .query_one("SELECT couriers, points FROM courier_aggregates", &[])
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!(cell, (5, 75));
+    let left = partitions::existing(&admin).await.unwrap();
+    assert!(
+        !left.contains(&partitions::name(today - 31)),
+        "dropped once aggregated: {left:?}"
+    );
+    w.stop().await;
     s.drop().await;
 }

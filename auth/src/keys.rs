@@ -371,8 +371,8 @@ impl Verifier {
 /// keys it accepts.
 #[derive(Debug, Default)]
 pub struct KeySet {
-    signers: [Option<SigningKey>; 4],
-    verifiers: [Option<Verifier>; 4],
+    signers: [Option<SigningKey>; Audience::ALL.len()],
+    verifiers: [Option<Verifier>; Audience::ALL.len()],
 }
 
 impl KeySet {
@@ -382,7 +382,7 @@ impl KeySet {
         signers: Vec<SigningKey>,
         public: Vec<(Audience, PublicKey)>,
     ) -> Result<Self, KeyError> {
-        let mut by_aud: [Vec<PublicKey>; 4] = Default::default();
+        let mut by_aud: [Vec<PublicKey>; Audience::ALL.len()] = Default::default();
         let mut owner: BTreeMap<[u8; 32], (Audience, String)> = BTreeMap::new();
         let all = signers
             .iter()

@@ -9,6 +9,7 @@
 //! | `viewer`  | a customer / restaurant app  | the orders API                | the viewer gateway          |
 //! | `trail`   | support staff                | the support login (`token trail`) | the trail API           |
 //! | `bus`     | the pipeline's own workers   | each worker, or `token bus`   | the embedded bus broker     |
+//! | `privacy` | the data-protection officer  | `token privacy`               | the erasure API (history)   |
 //!
 //! A process reads the private key only of the audiences it mints for and public keys for
 //! those it checks, so the internet-facing edge can mint nothing. Tokens carry a `kid` header;
@@ -34,14 +35,18 @@ pub enum Audience {
     Trail,
     /// The pipeline's own workers on the bus broker.
     Bus,
+    /// The data-protection officer erasing a courier's data (audited). Its own key, so that no
+    /// support (trail) token can erase.
+    Privacy,
 }
 
 impl Audience {
-    pub const ALL: [Audience; 4] = [
+    pub const ALL: [Audience; 5] = [
         Audience::Courier,
         Audience::Viewer,
         Audience::Trail,
         Audience::Bus,
+        Audience::Privacy,
     ];
 
     /// The `aud` claim, also the key files' name (`<aud>.key`, `<aud>.pub`).
@@ -51,6 +56,7 @@ impl Audience {
             Audience::Viewer => "viewer",
             Audience::Trail => "trail",
             Audience::Bus => "bus",
+            Audience::Privacy => "privacy",
         }
     }
 
@@ -109,6 +115,11 @@ impl Claims {
     /// A support actor's trail token; `sub` is recorded in the trail access log.
     pub fn trail(actor: &str, now: u64, ttl_secs: u64) -> Self {
         Self::new(Audience::Trail, actor, now, ttl_secs)
+    }
+
+    /// A data-protection officer's erasure token; `sub` is recorded in the erasure log.
+    pub fn privacy(actor: &str, now: u64, ttl_secs: u64) -> Self {
+        Self::new(Audience::Privacy, actor, now, ttl_secs)
     }
 
     /// A worker's bus login; `sub` is its role.

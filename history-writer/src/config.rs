@@ -62,6 +62,24 @@ pub struct HistoryConfig {
     /// its topic log; Mosquitto needs `queue_qos0_messages true`). One name per writer process;
     /// unset: a fresh session each start (the restart window is lost at the broker).
     pub session: Option<String>,
+    /// Whether this writer computes the anonymous aggregates (per geohash-6 cell and hour,
+    /// docs/privacy.md). While on, the partition drop keeps a day until it is aggregated.
+    pub aggregates: bool,
+    /// The k of the aggregates: a cell-hour is written only where at least this many distinct
+    /// couriers were present, so that none can be singled out (at least 2).
+    pub aggregate_min_couriers: u32,
+    /// Aggregates older than this many days are deleted.
+    pub aggregate_retention_days: u32,
+    /// An hour is aggregated this long after it ends: rows of an hour keep arriving while a
+    /// writer's buffer holds them (later ones are in the trail, not in the aggregates).
+    #[serde(with = "courier_wire::duration")]
+    pub aggregate_delay: Duration,
+    /// How often the aggregator looks for closed hours.
+    #[serde(with = "courier_wire::duration")]
+    pub aggregate_every: Duration,
+    /// Rows of the audit logs (`trail_access_log`, `erasure_log`) older than this many days
+    /// are deleted: they name couriers too.
+    pub audit_retention_days: u32,
 }
 
 impl Default for HistoryConfig {
@@ -84,6 +102,12 @@ impl Default for HistoryConfig {
             trail_connections: 4,
             trail_max_points: 100_000,
             session: None,
+            aggregates: true,
+            aggregate_min_couriers: 5,
+            aggregate_retention_days: 730,
+            aggregate_delay: Duration::from_secs(600),
+            aggregate_every: Duration::from_secs(60),
+            audit_retention_days: 365,
         }
     }
 }
@@ -153,6 +177,21 @@ impl HistoryConfig {
         if self.trail_max_window < Duration::from_secs(60) {
             return Err("history.trail_max_window must be at least 1m".into());
         }
+        if self.aggregate_min_couriers < 2 {
+            return Err("history.aggregate_min_couriers must be at least 2: a cell of one courier is his trail".into());
+        }
+        if self.aggregate_retention_days == 0 {
+            return Err("history.aggregate_retention_days must be at least 1".into());
+        }
+        if self.aggregate_delay > Duration::from_secs(12 * 3600) {
+            return Err("history.aggregate_delay must be at most 12h (a day is dropped only once aggregated)".into());
+        }
+        if self.aggregate_every < second || self.aggregate_every > Duration::from_secs(3600) {
+            return Err("history.aggregate_every must be between 1s and 1h".into());
+        }
+        if self.audit_retention_days == 0 {
+            return Err("history.audit_retention_days must be at least 1".into());
+        }
         Ok(())
     }
 }
@@ -215,6 +254,14 @@ mod tests {
             .validate("ingest")
             .unwrap_err()
             .starts_with("history.retention_days"));
+        let c = HistoryConfig {
+            aggregate_min_couriers: 1,
+            ..Default::default()
+        };
+        assert!(c
+            .validate("ingest")
+            .unwrap_err()
+            .starts_with("history.aggregate_min_couriers"));
         let c = HistoryConfig {
             group: "a+b".into(),
             ..Default::default()

@@ -6,9 +6,15 @@
 //!   --> [buffer: bounded, drops the OLDEST when full] --> [writer: binary COPY, <= 1 s batches]
 //!   --> PostgreSQL courier_points (one partition per UTC day of received_at)
 //! [orders] Redis courier:order --HGETALL each second--> the snapshot the source stamps from
-//! [upkeep] partitions for today + days_ahead; DROP of partitions past retention_days
+//! [upkeep] partitions for today + days_ahead; DROP of partitions past retention_days (a day
+//!   not yet aggregated is kept); audit rows past audit_retention_days deleted
+//! [aggregates] each closed hour -> courier_aggregates (cell, hour; >= k couriers), watermark
 //! support tool --GET /couriers/{id}/trail + trail token (audience trail) + reason--> [trail]
 //!   --> one transaction: read the points + INSERT trail_access_log
+//! courier app --GET /couriers/{own id}/own-trail + device token--> [trail] (audited the same)
+//! ops --GET /aggregates + trail token--> [aggregates::api]
+//! privacy officer --POST /couriers/{id}/erasure + privacy token + reason--> [erasure]
+//!   --> one transaction: DELETE points, Redis state, INSERT erasure_log
 //! ```
 //!
 //! `rows`, `buffer` and the plan in `partitions` are the pure core; `source` (MQTT), `orders`
@@ -16,10 +22,15 @@
 //! counts. The writer is a separate shared-subscription group from ingest, so a slow database
 //! never delays the live locations.
 
+pub mod aggregate_api;
+pub mod aggregates;
+pub mod audit;
 pub mod buffer;
 pub mod config;
+pub mod erasure;
 pub mod error;
 pub mod events;
+pub mod geohash;
 pub mod migrate;
 mod orders;
 pub mod partitions;
@@ -29,7 +40,9 @@ mod source;
 pub mod trail;
 mod writer;
 
+pub use aggregate_api::AggregateApi;
 pub use config::HistoryConfig;
+pub use erasure::Erasure;
 pub use error::HistoryError;
 pub use events::{DropReason, Stats};
 pub use migrate::migrate;
@@ -162,9 +175,11 @@ impl HistoryWriter {
             (self.clock)(),
             cfg.days_ahead,
             cfg.retention_days,
+            cfg.aggregates,
         )
         .await?;
         report_upkeep(&out, &metrics, &self.stats);
+        expire_audit(&admin, (self.clock)(), cfg.audit_retention_days).await;
 
         let shared = Arc::new(Shared::new(cfg.buffer_rows, cfg.batch_max, self.validation));
         let intake = CancellationToken::new();
@@ -197,6 +212,14 @@ impl HistoryWriter {
             self.stats.clone(),
             intake.clone(),
         ));
+        if cfg.aggregates {
+            tasks.spawn(aggregate_loop(
+                self.database_url.clone(),
+                cfg.clone(),
+                self.clock.clone(),
+                intake.clone(),
+            ));
+        }
         let writer_stop = CancellationToken::new();
         let writers = TaskTracker::new();
         for _ in 0..cfg.writers {
@@ -226,7 +249,85 @@ fn report_upkeep(out: &partitions::Outcome, metrics: &events::Metrics, stats: &S
     if !out.created.is_empty() || !out.dropped.is_empty() {
         tracing::info!(created = ?out.created, dropped = ?out.dropped, "history: partition upkeep");
     }
+    if !out.held.is_empty() {
+        tracing::info!(held = ?out.held, "history: partitions past retention kept until aggregated");
+    }
     metrics.partitions(stats, out.created.len(), out.dropped.len());
+    metrics::gauge!(courier_wire::metrics::HISTORY_PARTITIONS_HELD).set(out.held.len() as f64);
+}
+
+/// Deletes audit rows past their retention; a failure is logged and retried at the next upkeep.
+async fn expire_audit(client: &tokio_postgres::Client, now: f64, days: u32) {
+    match audit::expire(client, now, days).await {
+        Ok(e) => {
+            for (log, n) in [("trail_access", e.trail_access), ("erasure", e.erasure)] {
+                if n > 0 {
+                    metrics::counter!(courier_wire::metrics::AUDIT_ROWS_EXPIRED, "log" => log)
+                        .increment(n);
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "history: audit log retention failed; retrying at the next upkeep")
+        }
+    }
+}
+
+/// The aggregator: every `aggregate_every`, the closed hours after the watermark, on its own
+/// connection (a long catch-up never delays partition upkeep).
+async fn aggregate_loop(url: String, cfg: HistoryConfig, clock: Clock, stop: CancellationToken) {
+    use courier_wire::metrics as m;
+    let settings = aggregates::RunSettings {
+        min_couriers: cfg.aggregate_min_couriers,
+        delay: cfg.aggregate_delay,
+        retention_days: cfg.aggregate_retention_days,
+        max_hours: 24,
+    };
+    let mut client: Option<tokio_postgres::Client> = None;
+    let mut wait = Duration::ZERO;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        let started = std::time::Instant::now();
+        let result = async {
+            if client.as_ref().is_none_or(|c| c.is_closed()) {
+                client = Some(sink::connect(&url, "courier-history-aggregates").await?);
+            }
+            let c = client.as_mut().expect("connected above");
+            aggregates::run_pending(c, clock(), &settings).await
+        }
+        .await;
+        match result {
+            Ok(out) => {
+                if out.hours > 0 {
+                    metrics::counter!(m::AGGREGATE_HOURS).increment(u64::from(out.hours));
+                    metrics::counter!(m::AGGREGATE_CELLS).increment(out.cells);
+                    metrics::histogram!(m::AGGREGATE_HOUR_SECONDS)
+                        .record(started.elapsed().as_secs_f64() / f64::from(out.hours));
+                    tracing::info!(
+                        hours = out.hours,
+                        cells = out.cells,
+                        "history: hours aggregated"
+                    );
+                }
+                metrics::gauge!(m::AGGREGATE_LAG_SECONDS).set(clock() - out.done_until as f64);
+                // A run that hit max_hours has more to do: go on at once.
+                wait = if out.hours >= settings.max_hours {
+                    Duration::ZERO
+                } else {
+                    cfg.aggregate_every
+                };
+            }
+            Err(e) => {
+                client = None;
+                metrics::counter!(m::AGGREGATE_ERRORS).increment(1);
+                tracing::warn!(error = %e, "history: aggregation failed; retrying");
+                wait = cfg.aggregate_every.min(Duration::from_secs(10));
+            }
+        }
+    }
 }
 
 /// Partition upkeep every `upkeep_every` (sooner after a failure), on its own connection.
@@ -251,7 +352,16 @@ async fn upkeep_loop(
                 client = Some(sink::connect(&url, "courier-history-upkeep").await?);
             }
             let c = client.as_mut().expect("connected above");
-            partitions::upkeep(c, clock(), cfg.days_ahead, cfg.retention_days).await
+            let out = partitions::upkeep(
+                c,
+                clock(),
+                cfg.days_ahead,
+                cfg.retention_days,
+                cfg.aggregates,
+            )
+            .await?;
+            expire_audit(c, clock(), cfg.audit_retention_days).await;
+            Ok::<_, HistoryError>(out)
         }
         .await;
         match result {

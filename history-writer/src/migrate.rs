@@ -40,6 +40,14 @@ pub const MIGRATIONS: &[Migration] = &[
             "/../sql/0003_order_events.sql"
         )),
     },
+    Migration {
+        version: 4,
+        name: "privacy",
+        sql: include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../sql/0004_privacy.sql"
+        )),
+    },
 ];
 
 /// Applies the missing migrations in one transaction; returns the versions it applied.

@@ -91,6 +91,8 @@ pub struct Plan {
     pub create: Vec<i64>,
     /// Partitions whose whole day is older than the retention.
     pub drop: Vec<String>,
+    /// Partitions past retention kept because their day is not yet aggregated ([`hold`]).
+    pub held: Vec<String>,
 }
 
 /// Plans upkeep at `now` (unix seconds) given the partitions that exist.
@@ -110,7 +112,23 @@ pub fn plan(now: f64, existing: &[String], days_ahead: u32, retention_days: u32)
     Plan {
         create,
         drop: drop.into_iter().map(|(_, n)| n).collect(),
+        held: Vec::new(),
     }
+}
+
+/// Moves out of `plan.drop` every partition whose day does not end by `aggregated_until` (the
+/// aggregates' watermark, unix seconds; `None`: nothing aggregated yet): its points would be
+/// lost to the aggregates, which are computed from the partitions and never after the drop.
+pub fn hold(mut plan: Plan, aggregated_until: Option<i64>) -> Plan {
+    let (drop, held) = std::mem::take(&mut plan.drop).into_iter().partition(|n| {
+        match (parse_name(n), aggregated_until) {
+            (Some(d), Some(mark)) => (d + 1) * SECS_PER_DAY <= mark,
+            _ => false,
+        }
+    });
+    plan.drop = drop;
+    plan.held = held;
+    plan
 }
 
 /// What one upkeep run changed.
@@ -118,6 +136,8 @@ pub fn plan(now: f64, existing: &[String], days_ahead: u32, retention_days: u32)
 pub struct Outcome {
     pub created: Vec<String>,
     pub dropped: Vec<String>,
+    /// Past retention but kept: not yet aggregated.
+    pub held: Vec<String>,
 }
 
 /// Serialises partition DDL of every writer on this database schema.
@@ -137,19 +157,24 @@ pub async fn existing(
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
-/// Creates the partitions ahead and drops those past retention, at `now`.
+/// Creates the partitions ahead and drops those past retention, at `now`. With
+/// `hold_unaggregated` (aggregates on), a day the aggregates have not passed is kept.
 pub async fn upkeep(
     client: &mut Client,
     now: f64,
     days_ahead: u32,
     retention_days: u32,
+    hold_unaggregated: bool,
 ) -> Result<Outcome, HistoryError> {
     let tx = client.transaction().await?;
     // Never queue for long behind a long trail read (and block every writer behind us).
     tx.batch_execute("SET LOCAL lock_timeout = '10s'").await?;
     tx.execute(LOCK_SQL, &[]).await?;
     let have = existing(&tx).await?;
-    let p = plan(now, &have, days_ahead, retention_days);
+    let mut p = plan(now, &have, days_ahead, retention_days);
+    if hold_unaggregated {
+        p = hold(p, crate::aggregates::watermark(&tx).await?);
+    }
     let mut out = Outcome::default();
     for day in &p.create {
         tx.batch_execute(&create_sql(*day)).await?;
@@ -160,6 +185,7 @@ pub async fn upkeep(
             .await?;
         out.dropped.push(n.clone());
     }
+    out.held = p.held;
     tx.commit().await?;
     Ok(out)
 }
@@ -247,6 +273,28 @@ mod tests {
         let p = plan(NOV30 - 1.0, &existing, 3, 30);
         assert_eq!(p.drop, vec![name(foreign())]);
         assert_eq!(p.create, vec![today - 1, today + 2]);
+    }
+
+    #[test]
+    fn a_day_not_yet_aggregated_is_held() {
+        let today = day_of(NOV30);
+        let existing: Vec<String> = [today - 33, today - 32, today - 31, today]
+            .iter()
+            .map(|d| name(*d))
+            .collect();
+        let p = plan(NOV30, &existing, 0, 30);
+        assert_eq!(p.drop.len(), 3);
+        // Nothing aggregated: every drop held.
+        let h = hold(p.clone(), None);
+        assert!(h.drop.is_empty());
+        assert_eq!(h.held, p.drop);
+        // Aggregated up to the end of today-32 (exactly): today-33 and today-32 go.
+        let h = hold(p.clone(), Some((today - 31) * 86_400));
+        assert_eq!(h.drop, vec![name(today - 33), name(today - 32)]);
+        assert_eq!(h.held, vec![name(today - 31)]);
+        // One second short of today-32's end: it stays.
+        let h = hold(p, Some((today - 31) * 86_400 - 1));
+        assert_eq!(h.drop, vec![name(today - 33)]);
     }
 
     proptest! {

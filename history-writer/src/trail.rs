@@ -14,6 +14,10 @@
 //!   unique on (seq, phone time), so a duplicate delivery collapses while a different point
 //!   under a reused seq (an app reinstall restarts seq) is kept.
 //!
+//! `GET /couriers/{id}/own-trail?from=&to=` is the same read for the courier himself (his
+//! right of access): a device token of the `courier` audience whose `sub` is `{id}`, any other
+//! courier's id is 403; no reason needed; audited the same, under actor `courier:<id>`.
+//!
 //! Errors are JSON `{"error": "..."}`.
 
 use crate::config::HistoryConfig;
@@ -47,6 +51,8 @@ struct Inner {
     url: String,
     /// The trail audience's public keys.
     keys: Verifier,
+    /// The courier audience's public keys, for `own-trail`; `None`: that route is not served.
+    own_keys: Option<Verifier>,
     max_window: Duration,
     max_points: usize,
     clock: Clock,
@@ -55,20 +61,20 @@ struct Inner {
 }
 
 /// A refusal: status and message.
-struct Refusal {
-    status: StatusCode,
-    message: String,
+pub(crate) struct Refusal {
+    pub(crate) status: StatusCode,
+    pub(crate) message: String,
 }
 
 impl Refusal {
-    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Refusal {
             status,
             message: message.into(),
         }
     }
 
-    fn result(&self) -> &'static str {
+    pub(crate) fn result(&self) -> &'static str {
         match self.status {
             StatusCode::UNAUTHORIZED => "unauthorized",
             StatusCode::FORBIDDEN => "forbidden",
@@ -101,6 +107,51 @@ fn unauthorized(reason: &'static str) -> Refusal {
     metrics::counter!(courier_wire::metrics::TRAIL_TOKEN_REFUSALS, "reason" => reason).increment(1);
     tracing::info!(reason, "trail request refused: token");
     Refusal::new(StatusCode::UNAUTHORIZED, "a valid bearer token is required")
+}
+
+/// The claims of the request's bearer token under `keys`, or the reason it is refused
+/// (missing, malformed, wrong_audience, expired, ...). The caller answers one generic 401.
+pub(crate) fn bearer(
+    headers: &HeaderMap,
+    keys: &Verifier,
+    now: f64,
+) -> Result<courier_auth::Claims, &'static str> {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or("missing")?;
+    keys.verify(token, now.max(0.0) as u64)
+        .map_err(|e| e.label())
+}
+
+/// The generic 401 of the privacy doors (erasure, aggregates): the reason goes to the log only.
+pub(crate) fn refused_token(door: &'static str, reason: &'static str) -> Refusal {
+    tracing::info!(door, reason, "request refused: token");
+    Refusal::new(StatusCode::UNAUTHORIZED, "a valid bearer token is required")
+}
+
+/// `reason` of a request: required, at most [`MAX_REASON_CHARS`].
+pub(crate) fn check_reason(reason: &str) -> Result<&str, Refusal> {
+    let reason = reason.trim();
+    if reason.is_empty() {
+        return Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            "`reason` is required: why this is done",
+        ));
+    }
+    if reason.chars().count() > MAX_REASON_CHARS {
+        return Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            format!("`reason` is longer than {MAX_REASON_CHARS} characters"),
+        ));
+    }
+    Ok(reason)
 }
 
 /// One point as read.
@@ -137,6 +188,7 @@ impl Trail {
             inner: Arc::new(Inner {
                 url: database_url.to_string(),
                 keys,
+                own_keys: None,
                 max_window: config.trail_max_window,
                 max_points: config.trail_max_points,
                 clock,
@@ -146,11 +198,29 @@ impl Trail {
         }
     }
 
+    /// Also serves `own-trail` to couriers, checking their device tokens with `keys`.
+    pub fn with_courier_keys(self, keys: Verifier) -> Self {
+        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|_| {
+            unreachable!("with_courier_keys is called on a fresh Trail, before any clone")
+        });
+        Trail {
+            inner: Arc::new(Inner {
+                own_keys: Some(keys),
+                ..inner
+            }),
+        }
+    }
+
     /// The routes, to merge into the server on `HTTP_LISTEN`.
     pub fn router(self) -> Router {
-        Router::new()
-            .route("/couriers/{id}/trail", get(get_trail))
-            .with_state(self)
+        let own = self.inner.own_keys.is_some();
+        let r = Router::new().route("/couriers/{id}/trail", get(get_trail));
+        let r = if own {
+            r.route("/couriers/{id}/own-trail", get(get_own_trail))
+        } else {
+            r
+        };
+        r.with_state(self)
     }
 
     /// Reads the trail and writes its audit row in one transaction.
@@ -218,7 +288,7 @@ impl Trail {
 }
 
 /// `from` / `to`: RFC 3339 in UTC, or unix seconds.
-fn parse_time(name: &str, v: Option<&String>) -> Result<SystemTime, Refusal> {
+pub(crate) fn parse_time(name: &str, v: Option<&String>) -> Result<SystemTime, Refusal> {
     let v = v.map(|s| s.trim()).filter(|s| !s.is_empty()).ok_or_else(|| {
         Refusal::new(StatusCode::BAD_REQUEST, format!("`{name}` is required (RFC 3339 UTC, e.g. 2026-11-30T08:00:00Z, or unix seconds)"))
     })?;
@@ -237,7 +307,7 @@ fn parse_time(name: &str, v: Option<&String>) -> Result<SystemTime, Refusal> {
     ))
 }
 
-fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_micros(t).to_string()
 }
 
@@ -247,41 +317,50 @@ async fn get_trail(
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
     headers: HeaderMap,
 ) -> Response {
-    let result = answer(&trail, path, query, &headers).await;
+    let result = answer(&trail, false, path, query, &headers).await;
+    respond(m::TRAIL_REQUESTS, result)
+}
+
+async fn get_own_trail(
+    State(trail): State<Trail>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let result = answer(&trail, true, path, query, &headers).await;
+    respond(m::ACCESS_REQUESTS, result)
+}
+
+fn respond(metric: &'static str, result: Result<Response, Refusal>) -> Response {
     let label = match &result {
         Ok(_) => "ok",
         Err(r) => r.result(),
     };
-    metrics::counter!(m::TRAIL_REQUESTS, "result" => label).increment(1);
+    metrics::counter!(metric, "result" => label).increment(1);
     match result {
         Ok(r) => r,
         Err(r) => r.into_response(),
     }
 }
 
+/// Why a courier's own read is audited, when he gives no reason.
+const OWN_REASON: &str = "access by the courier himself";
+
 async fn answer(
     trail: &Trail,
+    own: bool,
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
     headers: &HeaderMap,
 ) -> Result<Response, Refusal> {
     // Who asks comes first: an anonymous caller learns nothing about the parameters.
-    let token = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .ok_or_else(|| unauthorized("missing"))?;
     let now = (trail.inner.clock)();
-    let claims = trail
-        .inner
-        .keys
-        .verify(token, now.max(0.0) as u64)
-        .map_err(|e| unauthorized(e.label()))?;
+    let keys = match (own, &trail.inner.own_keys) {
+        (true, Some(k)) => k,
+        (true, None) => return Err(Refusal::new(StatusCode::NOT_FOUND, "not served here")),
+        (false, _) => &trail.inner.keys,
+    };
+    let claims = bearer(headers, keys, now).map_err(unauthorized)?;
 
     let Path(courier) = path.map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     if !courier_wire::topic::valid_id(&courier) {
@@ -290,20 +369,27 @@ async fn answer(
             "courier id must be 1-64 of [A-Za-z0-9._:-]",
         ));
     }
+    // A device token opens its own courier's trail and no other: asked for another, the
+    // answer says nothing about him (not even whether he has points).
+    if own && claims.sub != courier {
+        tracing::info!(courier = %claims.sub, "own-trail refused: another courier's id");
+        return Err(Refusal::new(
+            StatusCode::FORBIDDEN,
+            "a device token reads only its own courier's trail",
+        ));
+    }
     let Query(q) = query.map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.body_text()))?;
-    let reason = q.get("reason").map(|s| s.trim()).unwrap_or("");
-    if reason.is_empty() {
-        return Err(Refusal::new(
-            StatusCode::BAD_REQUEST,
-            "`reason` is required: why this trail is read",
-        ));
-    }
-    if reason.chars().count() > MAX_REASON_CHARS {
-        return Err(Refusal::new(
-            StatusCode::BAD_REQUEST,
-            format!("`reason` is longer than {MAX_REASON_CHARS} characters"),
-        ));
-    }
+    let given = q.get("reason").map(|s| s.trim()).unwrap_or("");
+    let reason = if own && given.is_empty() {
+        OWN_REASON
+    } else {
+        check_reason(given)?
+    };
+    let actor = if own {
+        format!("courier:{}", claims.sub)
+    } else {
+        claims.sub.clone()
+    };
     let from = parse_time("from", q.get("from"))?;
     let to = parse_time("to", q.get("to"))?;
     let window = to
@@ -322,7 +408,7 @@ async fn answer(
     }
 
     let fixes = trail
-        .read(&claims.sub, &courier, from, to, reason)
+        .read(&actor, &courier, from, to, reason)
         .await
         .map_err(|e| {
             tracing::error!(error = %e, "trail read failed");
@@ -340,7 +426,7 @@ async fn answer(
             ),
         ));
     };
-    tracing::info!(actor = %claims.sub, courier = %courier, points = fixes.len(), "trail read (audited)");
+    tracing::info!(actor = %actor, courier = %courier, points = fixes.len(), "trail read (audited)");
     Ok(Json(feature(&courier, from, to, &fixes)).into_response())
 }
 

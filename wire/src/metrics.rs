@@ -104,6 +104,30 @@ pub const HISTORY_COPY_ERRORS: &str = "history_copy_errors_total";
 pub const HISTORY_PARTITIONS_CREATED: &str = "history_partitions_created_total";
 /// Counter: day partitions dropped past retention.
 pub const HISTORY_PARTITIONS_DROPPED: &str = "history_partitions_dropped_total";
+/// Gauge: day partitions past retention kept because the aggregates have not passed them.
+pub const HISTORY_PARTITIONS_HELD: &str = "history_partitions_held";
+/// Counter: hours aggregated (each committed with the watermark).
+pub const AGGREGATE_HOURS: &str = "aggregate_hours_total";
+/// Counter: cell-hours written (at least k couriers each).
+pub const AGGREGATE_CELLS: &str = "aggregate_cells_written_total";
+/// Histogram, seconds: aggregating one hour (query, insert, commit).
+pub const AGGREGATE_HOUR_SECONDS: &str = "aggregate_hour_seconds";
+/// Gauge, seconds: server time minus the aggregates' watermark (an hour plus the delay when
+/// caught up).
+pub const AGGREGATE_LAG_SECONDS: &str = "aggregate_lag_seconds";
+/// Counter: aggregator runs that failed (retried on the next tick).
+pub const AGGREGATE_ERRORS: &str = "aggregate_errors_total";
+/// Counter, label `log`: trail_access | erasure. Audit rows deleted past their retention.
+pub const AUDIT_ROWS_EXPIRED: &str = "audit_rows_expired_total";
+/// Counter, label `result`: ok | unauthorized | bad_request | error. Aggregate API requests.
+pub const AGGREGATE_REQUESTS: &str = "aggregate_requests_total";
+/// Counter, label `result`: ok | unauthorized | bad_request | error. Erasure requests.
+pub const ERASURE_REQUESTS: &str = "erasure_requests_total";
+/// Counter: history rows deleted by erasures.
+pub const ERASURE_POINTS: &str = "erasure_points_removed_total";
+/// Counter, label `result`: ok | unauthorized | forbidden | bad_request | too_large | error.
+/// A courier's requests for his own trail.
+pub const ACCESS_REQUESTS: &str = "access_requests_total";
 /// Counter, label `result`: ok | unauthorized | forbidden | bad_request | too_large | error. Trail
 /// API requests.
 pub const TRAIL_REQUESTS: &str = "trail_requests_total";
@@ -210,6 +234,17 @@ pub const ALL: &[&str] = &[
     NOTIFY_BREAKERS_OPEN,
     NOTIFY_API_REQUESTS,
     NOTIFY_NOTICES,
+    HISTORY_PARTITIONS_HELD,
+    AGGREGATE_HOURS,
+    AGGREGATE_CELLS,
+    AGGREGATE_HOUR_SECONDS,
+    AGGREGATE_LAG_SECONDS,
+    AGGREGATE_ERRORS,
+    AUDIT_ROWS_EXPIRED,
+    AGGREGATE_REQUESTS,
+    ERASURE_REQUESTS,
+    ERASURE_POINTS,
+    ACCESS_REQUESTS,
 ];
 
 #[cfg(test)]
