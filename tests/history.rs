@@ -318,10 +318,13 @@ async fn embedded_broker_to_rows_in_postgres() {
     let s = pg_schema().await;
     let keys = Keys::with_prefix(&prefix());
     let mut r = redis().await;
+    // h2 carries two orders at once (stacked deliveries).
     let _: () = redis::cmd("HSET")
         .arg(&keys.order)
         .arg("h1")
         .arg("ord-1")
+        .arg("h2")
+        .arg("ord-2,ord-3")
         .query_async(&mut r)
         .await
         .unwrap();
@@ -404,10 +407,32 @@ async fn embedded_broker_to_rows_in_postgres() {
     let want: Vec<(String, i64, Option<String>)> = ["h1", "h2"]
         .iter()
         .flat_map(|c| {
-            (1..=5).map(move |s| (c.to_string(), s, (*c == "h1").then(|| "ord-1".to_string())))
+            let first = if *c == "h1" { "ord-1" } else { "ord-2" };
+            (1..=5).map(move |s| (c.to_string(), s, Some(first.to_string())))
         })
         .collect();
     assert_eq!(got, want);
+    // Every order running is kept, oldest first; order_id is the first of them.
+    let stacked: Vec<(String, Vec<String>)> = db
+        .query(
+            "SELECT DISTINCT courier_id, order_ids FROM courier_points ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        stacked,
+        [
+            ("h1".to_string(), vec!["ord-1".to_string()]),
+            (
+                "h2".to_string(),
+                vec!["ord-2".to_string(), "ord-3".to_string()]
+            )
+        ]
+    );
     let today = partitions::name(day_of(now()));
     assert!(rows.iter().all(|r| r.get::<_, String>(3) == today));
     w.stop().await;

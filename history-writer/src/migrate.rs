@@ -48,6 +48,14 @@ pub const MIGRATIONS: &[Migration] = &[
             "/../sql/0004_privacy.sql"
         )),
     },
+    Migration {
+        version: 5,
+        name: "stacked_orders",
+        sql: include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../sql/0005_stacked_orders.sql"
+        )),
+    },
 ];
 
 /// Applies the missing migrations in one transaction; returns the versions it applied.

@@ -16,7 +16,8 @@ pub struct Row {
     pub phone_ts: f64,
     /// The server's receive time, unix seconds.
     pub received_at: f64,
-    /// The order the courier carried when the point arrived.
+    /// The orders the courier carried when the point arrived, as `courier:order` holds them
+    /// (comma-separated; [`running_orders`] splits them).
     pub order_id: Option<Arc<str>>,
     pub lat: f64,
     pub lon: f64,
@@ -56,6 +57,11 @@ impl Refused {
             .map(|i| Refused::Invalid(*i))
             .chain([Refused::Topic])
     }
+}
+
+/// The orders of a `courier:order` value (comma-separated, oldest first: stacked deliveries).
+pub fn running_orders(value: &str) -> Vec<&str> {
+    value.split(',').filter(|o| !o.is_empty()).collect()
 }
 
 /// Courier id -> order id, a snapshot of `courier:order`.
@@ -105,6 +111,13 @@ mod tests {
 
     fn orders() -> Orders {
         HashMap::from([("c1".to_string(), Arc::<str>::from("o-77"))])
+    }
+
+    #[test]
+    fn stacked_orders_split_oldest_first() {
+        assert_eq!(running_orders("o-1,o-2"), ["o-1", "o-2"]);
+        assert_eq!(running_orders("o-1"), ["o-1"]);
+        assert!(running_orders("").is_empty());
     }
 
     #[test]

@@ -11,13 +11,14 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, NoTls};
 
 const COPY_SQL: &str =
-    "COPY courier_points (courier_id, seq, phone_ts, received_at, order_id, lat, lon) FROM STDIN (FORMAT binary)";
-const COLUMN_TYPES: [Type; 7] = [
+    "COPY courier_points (courier_id, seq, phone_ts, received_at, order_id, order_ids, lat, lon) FROM STDIN (FORMAT binary)";
+const COLUMN_TYPES: [Type; 8] = [
     Type::TEXT,
     Type::INT8,
     Type::TIMESTAMPTZ,
     Type::TIMESTAMPTZ,
     Type::TEXT,
+    Type::TEXT_ARRAY,
     Type::FLOAT8,
     Type::FLOAT8,
 ];
@@ -93,13 +94,15 @@ async fn copy_rows(client: &mut Client, rows: &[Row]) -> Result<(), HistoryError
     tokio::pin!(writer);
     for r in rows {
         let id: &str = &r.courier_id;
-        let order: Option<&str> = r.order_id.as_deref();
-        let values: [&(dyn ToSql + Sync); 7] = [
+        let orders: Option<Vec<&str>> = r.order_id.as_deref().map(crate::rows::running_orders);
+        let first: Option<&str> = orders.as_ref().and_then(|o| o.first().copied());
+        let values: [&(dyn ToSql + Sync); 8] = [
             &id,
             &r.seq,
             &system_time(r.phone_ts),
             &system_time(r.received_at),
-            &order,
+            &first,
+            &orders,
             &r.lat,
             &r.lon,
         ];
