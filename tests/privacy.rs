@@ -436,12 +436,30 @@ async fn erasure_removes_a_courier_everywhere_and_only_with_a_privacy_token() {
     let (live, seen, seq, order) = redis_state(&keys, "gone").await;
     assert!(live.is_some() && seen.is_some() && seq.is_some() && order.is_some());
 
+    // An arrival event of his in the outbox says where he was and when.
+    admin
+        .execute(
+            "INSERT INTO order_events (dedupe_key, kind, tenant, order_id, courier_id, occurred_at)
+             VALUES ('courier.arriving_dropoff:o-g', 'courier.arriving_dropoff', 't', 'o-g', 'gone', now())",
+            &[],
+        )
+        .await
+        .unwrap();
+
     // The privacy officer erases.
     let a = http_post(addr, path, &[("Authorization", &auth(&dpo))], body).await;
     assert_eq!(a.status, 200, "{}", a.raw_body);
     assert_eq!(
         a.body["removed"],
-        serde_json::json!({"postgres_points": 5, "redis_live": 2, "redis_seq": 1, "order_bindings": 3})
+        serde_json::json!({"postgres_points": 5, "redis_live": 2, "redis_seq": 1, "order_bindings": 3, "order_events": 1})
+    );
+    assert_eq!(
+        count(
+            &admin,
+            "SELECT count(*) FROM order_events WHERE courier_id = 'gone'"
+        )
+        .await,
+        0
     );
     // No row of his in any partition (each one asked on its own, not only through the parent).
     for p in partitions::existing(&admin).await.unwrap() {

@@ -8,7 +8,7 @@
 //!   `courier_points`, then one Redis script (atomic) that removes him from `couriers:live`,
 //!   `couriers:seen`, `couriers:seq` and his order bindings (`courier:order`, and every
 //!   `order:courier` field naming him), then the `erasure_log` row (who, whom, why, the counts),
-//!   then COMMIT. Redis refusing rolls the deletion back (503, retry); the Redis script is
+//!   then COMMIT. His id is also cleared from the order events of the outbox. Redis refusing rolls the deletion back (503, retry); the Redis script is
 //!   idempotent, so a retry after a failed commit removes the rest.
 //! - The answer reports what was removed, per store. The anonymous aggregates stay: they name
 //!   no one.
@@ -44,6 +44,9 @@ pub struct Removed {
     pub redis_seq: i64,
     /// Fields of `courier:order` and `order:courier`.
     pub order_bindings: i64,
+    /// Order events (the outbox, docs/events.md) whose courier id was cleared: an arrival
+    /// event says where he was and when.
+    pub order_events: u64,
 }
 
 /// The erasure API; cheap to clone.
@@ -127,6 +130,12 @@ impl Erasure {
             postgres_points: tx
                 .execute(
                     "DELETE FROM courier_points WHERE courier_id = $1",
+                    &[&courier],
+                )
+                .await?,
+            order_events: tx
+                .execute(
+                    "UPDATE order_events SET courier_id = NULL WHERE courier_id = $1",
                     &[&courier],
                 )
                 .await?,
