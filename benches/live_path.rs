@@ -13,7 +13,10 @@
 //! BENCH_SECONDS (per step; default 10), BENCH_WORKERS (ingest workers in the one ingest
 //! process, each its own MQTT client in the `$share/ingest` group; default 1),
 //! BENCH_INGEST_BIN (the `courier-pipeline` binary that runs ingest, e.g. an older build to
-//! compare with; default this build; the broker and simulator are always this build).
+//! compare with; default this build; the broker and simulator are always this build),
+//! BENCH_ORDERS (share of couriers carrying an order with places, e.g. 0.2; default 0: each rate
+//! then runs twice, without orders and with, so the second row shows what tracks and arrival
+//! detection cost per point, and how many arrivals were detected).
 
 mod common;
 
@@ -180,7 +183,11 @@ fn main() {
         "broker_us",
         "sim_us"
     );
-    for rate in rates {
+    let orders: f64 = std::env::var("BENCH_ORDERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0.0);
+    let mut step = |rate: u64, id_prefix: String, label: &str| {
         let couriers = (rate * 2).clamp(1000, 200_000); // every courier sends every 2 s
         let interval = couriers as f64 / rate as f64;
         let before = metrics(ingest_metrics);
@@ -196,6 +203,7 @@ fn main() {
         let redis0 = common::redis_cpu_seconds(&redis_url);
         let script0 = common::redis_command_usec(&redis_url, "evalsha");
         let calls0 = metric(&before, "ingest_batch_size_count", "");
+        let arrivals0 = metric(&before, "ingest_arrivals_total", "");
         let sim = Command::new(BIN)
             .args([
                 "simulate",
@@ -208,7 +216,7 @@ fn main() {
                 "--seconds",
                 &seconds.to_string(),
                 "--id-prefix",
-                &format!("r{rate}-"),
+                &id_prefix,
             ])
             .env("MQTT_URL", format!("mqtt://127.0.0.1:{mqtt}"))
             .env("METRICS_LISTEN", "off")
@@ -248,6 +256,7 @@ fn main() {
         let dups = metric(&text, "ingest_points_total", "result=\"stale\"") - stale0;
         let lost = (sent - accepted).max(0.0);
         let qdrops = metric(&text, "ingest_queue_dropped_total", "") - qdrop0;
+        let arrivals = metric(&text, "ingest_arrivals_total", "") - arrivals0;
         let batch = (metric(&text, "ingest_batch_size_sum", "") - bsum0)
             / (metric(&text, "ingest_batch_size_count", "") - calls0).max(1.0);
         println!(
@@ -270,6 +279,26 @@ fn main() {
             broker_cpu * 1e6 / sent.max(1.0),
             sim_cpu * 1e6 / sent.max(1.0),
         );
+        if !label.is_empty() {
+            println!(
+                "{:>9} ^ {label}: {arrivals:.0} arrivals detected ({:.0}/s)",
+                "",
+                arrivals / seconds as f64
+            );
+        }
+    };
+    for rate in rates {
+        let couriers = (rate * 2).clamp(1000, 200_000);
+        step(rate, format!("r{rate}-"), "");
+        if orders > 0.0 {
+            // The same couriers again (same seed: same starting places, new ids), a share of
+            // them now carrying an order whose pickup is where the first run left them (a
+            // minute's ride at most) and whose drop-off is across town: arrival detection runs
+            // on each of their points and fires as they pass.
+            let carriers = ((couriers as f64) * orders) as u64;
+            seed_orders(&redis_url, &prefix, rate, carriers);
+            step(rate, format!("r{rate}b-"), "orders");
+        }
     }
     drop(ingest);
     drop(broker);
@@ -281,10 +310,45 @@ fn main() {
                 "couriers:seen",
                 "courier:order",
                 "couriers:seq",
+                "order:courier",
+                "order:places",
+                "events",
             ]
             .map(|k| format!("{prefix}{k}")),
         )
         .stdout(Stdio::null())
         .status();
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Before the second run of a rate: `carriers` of its couriers get an order each, with the
+/// pickup where the same courier of the first run ended and the drop-off across the box.
+fn seed_orders(redis_url: &str, prefix: &str, rate: u64, carriers: u64) {
+    let mut c = redis::Client::open(redis_url)
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let live = format!("{prefix}couriers:live");
+    let first: Vec<String> = (0..carriers).map(|i| format!("r{rate}-{i:05}")).collect();
+    let mut pos: Vec<Option<(f64, f64)>> = Vec::new();
+    for chunk in first.chunks(1000) {
+        let got: Vec<Option<(f64, f64)>> = redis::cmd("GEOPOS")
+            .arg(&live)
+            .arg(chunk)
+            .query(&mut c)
+            .unwrap();
+        pos.extend(got);
+    }
+    let keys = courier_wire::Keys::with_prefix(prefix);
+    let mut pipe = redis::pipe();
+    for (i, p) in pos.iter().enumerate() {
+        let Some((lon, lat)) = p else { continue };
+        let (courier, order) = (format!("r{rate}b-{i:05}"), format!("o{rate}-{i}"));
+        let places = courier_wire::events::Places::new(Some((*lat, *lon)), Some((24.61, 46.56)));
+        pipe.hset(&keys.order, &courier, &order)
+            .hset(&keys.order_courier, &order, &courier)
+            .hset(&keys.order_places, &order, places.encode())
+            .ignore();
+    }
+    let _: () = pipe.query(&mut c).unwrap();
 }
