@@ -187,7 +187,7 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0.0);
-    let mut step = |rate: u64, id_prefix: String, label: &str| {
+    let step = |rate: u64, id_prefix: String, label: &str| {
         let couriers = (rate * 2).clamp(1000, 200_000); // every courier sends every 2 s
         let interval = couriers as f64 / rate as f64;
         let before = metrics(ingest_metrics);
