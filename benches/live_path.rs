@@ -15,8 +15,9 @@
 //! BENCH_INGEST_BIN (the `courier-pipeline` binary that runs ingest, e.g. an older build to
 //! compare with; default this build; the broker and simulator are always this build),
 //! BENCH_ORDERS (share of couriers carrying an order with places, e.g. 0.2; default 0: each rate
-//! then runs twice, without orders and with, so the second row shows what tracks and arrival
-//! detection cost per point, and how many arrivals were detected).
+//! then runs three times: without orders, with orders (tracks), with orders that have places
+//! (tracks and arrival detection), so the rows show what each costs per point, and how many
+//! arrivals were detected).
 
 mod common;
 
@@ -187,7 +188,33 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0.0);
+    // With orders, a notify process relays the events to a local receiver (answering 204), so
+    // the rows show events detected and delivered while ingest takes the rate.
+    let hook = Hook::start();
+    let notify_http = free_port();
+    let notify_proc = (orders > 0.0).then(|| {
+        let database_url =
+            std::env::var("DATABASE_URL").expect("set DATABASE_URL (./dev bench does)");
+        let p = Proc(
+            Command::new(BIN)
+                .args(["--config", conf.to_str().unwrap(), "notify"])
+                .env("REDIS_URL", &redis_url)
+                .env("DATABASE_URL", database_url)
+                .env("HTTP_LISTEN", format!("127.0.0.1:{notify_http}"))
+                .env("METRICS_LISTEN", "off")
+                .env("SERVICE_KEY", "bench-service-key-0123456789")
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        hook.register(notify_http);
+        p
+    });
     let step = |rate: u64, id_prefix: String, label: &str| {
+        let hook0 = hook.count();
+        let notify_cpu0 = notify_proc
+            .as_ref()
+            .map_or(0.0, |p| common::cpu_seconds(p.0.id()));
         let couriers = (rate * 2).clamp(1000, 200_000); // every courier sends every 2 s
         let interval = couriers as f64 / rate as f64;
         let before = metrics(ingest_metrics);
@@ -280,10 +307,25 @@ fn main() {
             sim_cpu * 1e6 / sent.max(1.0),
         );
         if !label.is_empty() {
+            // The deliveries of this step's events, waited for a few seconds at most.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while (hook.count() - hook0) < arrivals as u64 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let notify_cpu = notify_proc
+                .as_ref()
+                .map_or(0.0, |p| common::cpu_seconds(p.0.id()))
+                - notify_cpu0;
+            let each = if arrivals > 0.0 {
+                format!(" (notify CPU {:.0} µs each)", notify_cpu * 1e6 / arrivals)
+            } else {
+                String::new()
+            };
             println!(
-                "{:>9} ^ {label}: {arrivals:.0} arrivals detected ({:.0}/s)",
+                "{:>9} ^ {label}: {arrivals:.0} arrivals detected ({:.0}/s), {} delivered as webhooks{each}",
                 "",
-                arrivals / seconds as f64
+                arrivals / seconds as f64,
+                hook.count() - hook0,
             );
         }
     };
@@ -296,10 +338,17 @@ fn main() {
             // minute's ride at most) and whose drop-off is across town: arrival detection runs
             // on each of their points and fires as they pass.
             let carriers = ((couriers as f64) * orders) as u64;
-            seed_orders(&redis_url, &prefix, rate, carriers);
-            step(rate, format!("r{rate}b-"), "orders");
+            seed_orders(&redis_url, &prefix, rate, "b", carriers, false);
+            step(rate, format!("r{rate}b-"), "orders, no places: tracks");
+            seed_orders(&redis_url, &prefix, rate, "c", carriers, true);
+            step(
+                rate,
+                format!("r{rate}c-"),
+                "orders with places: tracks and arrival",
+            );
         }
     }
+    drop(notify_proc);
     drop(ingest);
     drop(broker);
     let _ = Command::new("redis-cli")
@@ -321,9 +370,10 @@ fn main() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Before the second run of a rate: `carriers` of its couriers get an order each, with the
-/// pickup where the same courier of the first run ended and the drop-off across the box.
-fn seed_orders(redis_url: &str, prefix: &str, rate: u64, carriers: u64) {
+/// Before a later run of a rate (ids `r<rate><run>-`): `carriers` of its couriers get an order
+/// each; with `places`, its pickup is where the same courier of the first run ended and its
+/// drop-off across the box.
+fn seed_orders(redis_url: &str, prefix: &str, rate: u64, run: &str, carriers: u64, places: bool) {
     let mut c = redis::Client::open(redis_url)
         .unwrap()
         .get_connection()
@@ -343,12 +393,78 @@ fn seed_orders(redis_url: &str, prefix: &str, rate: u64, carriers: u64) {
     let mut pipe = redis::pipe();
     for (i, p) in pos.iter().enumerate() {
         let Some((lon, lat)) = p else { continue };
-        let (courier, order) = (format!("r{rate}b-{i:05}"), format!("o{rate}-{i}"));
-        let places = courier_wire::events::Places::new(Some((*lat, *lon)), Some((24.61, 46.56)));
+        let (courier, order) = (format!("r{rate}{run}-{i:05}"), format!("o{rate}{run}-{i}"));
         pipe.hset(&keys.order, &courier, &order)
             .hset(&keys.order_courier, &order, &courier)
-            .hset(&keys.order_places, &order, places.encode())
             .ignore();
+        if places {
+            let p = courier_wire::events::Places::new(Some((*lat, *lon)), Some((24.61, 46.56)));
+            pipe.hset(&keys.order_places, &order, p.encode()).ignore();
+        }
     }
     let _: () = pipe.query(&mut c).unwrap();
+}
+
+/// A local webhook receiver (204 to every POST) on its own thread, counting what it got.
+struct Hook {
+    addr: std::net::SocketAddr,
+    got: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Runs the server; kept for as long as the receiver.
+    _rt: std::sync::Arc<tokio::runtime::Runtime>,
+}
+
+impl Hook {
+    fn start() -> Hook {
+        let rt = std::sync::Arc::new(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap(),
+        );
+        let got = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let g = got.clone();
+        let l = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = l.local_addr().unwrap();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move || {
+                g.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                async { axum::http::StatusCode::NO_CONTENT }
+            }),
+        );
+        rt.spawn(async move { axum::serve(l, app).await.unwrap() });
+        Hook { addr, got, _rt: rt }
+    }
+
+    fn count(&self) -> u64 {
+        self.got.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Registers this receiver for arrivals with the notify process's API (waiting for it).
+    fn register(&self, notify_http: u16) {
+        let url = format!("http://{}/hook", self.addr);
+        let body = format!(
+            r#"{{"tenant":"default","url":"{url}","kinds":["courier.arriving_pickup","courier.arriving_dropoff"]}}"#
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let answer = TcpStream::connect(("127.0.0.1", notify_http)).ok().and_then(|mut s| {
+                let req = format!("POST /webhooks/endpoints HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer bench-service-key-0123456789\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+                s.write_all(req.as_bytes()).ok()?;
+                let mut out = String::new();
+                s.read_to_string(&mut out).ok()?;
+                Some(out)
+            });
+            match answer {
+                Some(a) if a.starts_with("HTTP/1.1 201") => return,
+                _ if Instant::now() > deadline => {
+                    panic!("notify did not take the endpoint: {answer:?}")
+                }
+                _ => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
+    }
 }

@@ -1022,3 +1022,35 @@ async fn push_notices_go_once_per_device_and_kind_and_dead_tokens_are_retired() 
     cleanup(&keys).await;
     schema.drop().await;
 }
+
+/// The events stream deleted under the relay's blocked read (an operator's DEL, a flushed
+/// Redis): the relay makes it again and carries on; nothing stops.
+#[tokio::test]
+async fn the_relay_survives_its_stream_being_deleted() {
+    let schema = pg_schema().await;
+    let keys = Keys::with_prefix(&prefix());
+    let broker = start_broker(BrokerKind::Embedded);
+    let f = start_fanout(&broker, keys.clone(), test_fanout_config()).await;
+    let n = start_notify(&keys, &schema.url, fast()).await;
+    let (rx, rx_addr) = start_receiver().await;
+    let (_, secret) = register(n.http, "acme", &format!("http://{rx_addr}/hook")).await;
+    *rx.secret.lock().unwrap() = Some(secret);
+    assign(&f, "o-1", "c-1", "acme").await;
+    assert!(wait_until(Duration::from_secs(10), || rx.delivered().len() == 1).await);
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.events)
+        .query_async(&mut redis().await)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!n.task.is_finished(), "the notify role stopped");
+    assign(&f, "o-2", "c-2", "acme").await;
+    assert!(
+        wait_until(Duration::from_secs(10), || rx.delivered().len() == 2).await,
+        "the event after the DEL was not delivered"
+    );
+    n.stop().await;
+    f.stop().await;
+    cleanup(&keys).await;
+    schema.drop().await;
+}

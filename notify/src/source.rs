@@ -108,6 +108,12 @@ impl Relay {
                 .await
             {
                 Ok(()) => {}
+                // The stream or the group was deleted under a blocked read (an operator's DEL,
+                // a flushed Redis): connecting again makes both anew.
+                Err(NotifyError::Redis(e)) if matches!(e.code(), Some("UNBLOCKED" | "NOGROUP")) => {
+                    tracing::info!(error = %e, "notify relay: the events stream went away; making it again");
+                    redis = None;
+                }
                 Err(e) if e.is_retryable() => {
                     tracing::warn!(error = %e, "notify relay: waiting for storage");
                     if matches!(e, NotifyError::Redis(_)) {
