@@ -372,7 +372,8 @@ fn main() {
 
 /// Before a later run of a rate (ids `r<rate><run>-`): `carriers` of its couriers get an order
 /// each; with `places`, its pickup is where the same courier of the first run ended and its
-/// drop-off across the box.
+/// drop-off across the box. Order ids hold this process's id: the outbox of an earlier run
+/// would take the same events for duplicates.
 fn seed_orders(redis_url: &str, prefix: &str, rate: u64, run: &str, carriers: u64, places: bool) {
     let mut c = redis::Client::open(redis_url)
         .unwrap()
@@ -393,7 +394,7 @@ fn seed_orders(redis_url: &str, prefix: &str, rate: u64, run: &str, carriers: u6
     let mut pipe = redis::pipe();
     for (i, p) in pos.iter().enumerate() {
         let Some((lon, lat)) = p else { continue };
-        let (courier, order) = (format!("r{rate}{run}-{i:05}"), format!("o{rate}{run}-{i}"));
+        let (courier, order) = (format!("r{rate}{run}-{i:05}"), format!("o{}-{rate}{run}-{i}", std::process::id()));
         pipe.hset(&keys.order, &courier, &order)
             .hset(&keys.order_courier, &order, &courier)
             .ignore();
