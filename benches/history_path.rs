@@ -13,6 +13,7 @@ mod support;
 
 mod common;
 
+use common::env_or;
 use courier_wire::{loc_topic, Keys, Validation};
 use history_writer::{HistoryConfig, HistoryWriter, Stats};
 use rumqttc::QoS;
@@ -21,13 +22,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::*;
 use tokio_util::sync::CancellationToken;
-
-fn env_or<T: std::str::FromStr>(k: &str, d: T) -> T {
-    std::env::var(k)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(d)
-}
 
 fn main() {
     // `cargo bench` passes --bench; `cargo test --all-targets` runs this binary without it,

@@ -394,7 +394,10 @@ fn seed_orders(redis_url: &str, prefix: &str, rate: u64, run: &str, carriers: u6
     let mut pipe = redis::pipe();
     for (i, p) in pos.iter().enumerate() {
         let Some((lon, lat)) = p else { continue };
-        let (courier, order) = (format!("r{rate}{run}-{i:05}"), format!("o{}-{rate}{run}-{i}", std::process::id()));
+        let (courier, order) = (
+            format!("r{rate}{run}-{i:05}"),
+            format!("o{}-{rate}{run}-{i}", std::process::id()),
+        );
         pipe.hset(&keys.order, &courier, &order)
             .hset(&keys.order_courier, &order, &courier)
             .ignore();

@@ -13,19 +13,13 @@ mod support;
 
 mod common;
 
+use common::env_or;
 use courier_wire::Keys;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::*;
 use tokio_util::sync::CancellationToken;
-
-fn env_or<T: std::str::FromStr>(k: &str, d: T) -> T {
-    std::env::var(k)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(d)
-}
 
 const EMIT_MANY: &str = "
 for i = 1, tonumber(ARGV[1]) do

@@ -11,6 +11,9 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+mod common;
+
+use common::env_or;
 use courier_auth::Audience;
 use courier_wire::Keys;
 use history_writer::aggregates::{self, RunSettings};
@@ -18,13 +21,6 @@ use history_writer::partitions::{self, day_of};
 use history_writer::Erasure;
 use std::time::{Duration, Instant};
 use support::*;
-
-fn env_or<T: std::str::FromStr>(k: &str, d: T) -> T {
-    std::env::var(k)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(d)
-}
 
 /// 2026-11-30 00:00:00Z
 const NOV30: f64 = 1_795_996_800.0;

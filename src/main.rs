@@ -486,7 +486,7 @@ async fn simulate(
         None => (
             Assigner::Redis {
                 redis: config.redis.clone(),
-                keys: config.keys.clone(),
+                keys: Box::new(config.keys.clone()),
             },
             Viewer::Broker { endpoint: bus },
         ),

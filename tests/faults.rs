@@ -58,7 +58,7 @@ fn load(broker: &MqttEndpoint, keys: &Keys, rate: f64, seconds: f64) -> Simulato
         also: vec![],
         assigner: Assigner::Redis {
             redis: services().redis(),
-            keys: keys.clone(),
+            keys: Box::new(keys.clone()),
         },
         viewer: Viewer::Broker {
             endpoint: broker.clone(),
@@ -372,7 +372,7 @@ async fn cluster_failover(how: Failover) {
     let mut sim = load(&broker.endpoint, &keys, rate, seconds);
     sim.assigner = Assigner::Redis {
         redis: target.clone(),
-        keys: keys.clone(),
+        keys: Box::new(keys.clone()),
     };
     let couriers = sim.config.couriers as u64;
     let interval = Duration::from_secs_f64(couriers as f64 / rate);

@@ -237,12 +237,41 @@ async fn assign(f: &RunningFanout, order: &str, courier: &str, tenant: &str) {
     assert_eq!(r.status, 200, "{r:?}");
 }
 
-#[tokio::test]
-async fn every_event_arrives_signed_through_a_500_a_timeout_and_a_429() {
+/// What every test here runs on: a fresh schema and key prefix, a bus, the orders API.
+struct Env {
+    schema: PgSchema,
+    keys: Keys,
+    broker: TestBroker,
+    f: RunningFanout,
+}
+
+async fn env() -> Env {
     let schema = pg_schema().await;
     let keys = Keys::with_prefix(&prefix());
     let broker = start_broker(BrokerKind::Embedded);
     let f = start_fanout(&broker, keys.clone(), test_fanout_config()).await;
+    Env {
+        schema,
+        keys,
+        broker,
+        f,
+    }
+}
+
+async fn finish(f: RunningFanout, keys: Keys, schema: PgSchema) {
+    f.stop().await;
+    cleanup(&keys).await;
+    schema.drop().await;
+}
+
+#[tokio::test]
+async fn every_event_arrives_signed_through_a_500_a_timeout_and_a_429() {
+    let Env {
+        schema,
+        keys,
+        broker: _bus,
+        f,
+    } = env().await;
     let n = start_notify(&keys, &schema.url, fast()).await;
     let (rx, rx_addr) = start_receiver().await;
     let (_, secret) = register(n.http, "acme", &format!("http://{rx_addr}/hook")).await;
@@ -345,17 +374,17 @@ async fn every_event_arrives_signed_through_a_500_a_timeout_and_a_429() {
         "recorded entries are deleted from the stream"
     );
     n.stop().await;
-    f.stop().await;
-    cleanup(&keys).await;
-    schema.drop().await;
+    finish(f, keys, schema).await;
 }
 
 #[tokio::test]
 async fn dead_letters_are_listed_and_replayed_per_tenant_and_wrong_keys_move_nothing() {
-    let schema = pg_schema().await;
-    let keys = Keys::with_prefix(&prefix());
-    let broker = start_broker(BrokerKind::Embedded);
-    let f = start_fanout(&broker, keys.clone(), test_fanout_config()).await;
+    let Env {
+        schema,
+        keys,
+        broker: _bus,
+        f,
+    } = env().await;
     let n = start_notify(
         &keys,
         &schema.url,
@@ -500,17 +529,17 @@ async fn dead_letters_are_listed_and_replayed_per_tenant_and_wrong_keys_move_not
     .await;
     assert!(stored, "the delivery's outcome was never stored");
     n.stop().await;
-    f.stop().await;
-    cleanup(&keys).await;
-    schema.drop().await;
+    finish(f, keys, schema).await;
 }
 
 #[tokio::test]
 async fn a_breaker_holds_a_failing_endpoints_deliveries_and_probes_once() {
-    let schema = pg_schema().await;
-    let keys = Keys::with_prefix(&prefix());
-    let broker = start_broker(BrokerKind::Embedded);
-    let f = start_fanout(&broker, keys.clone(), test_fanout_config()).await;
+    let Env {
+        schema,
+        keys,
+        broker: _bus,
+        f,
+    } = env().await;
     let config = notify::NotifyConfig {
         breaker_failures: 3,
         breaker_open: Duration::from_secs(2),
@@ -550,9 +579,7 @@ async fn a_breaker_holds_a_failing_endpoints_deliveries_and_probes_once() {
         rx.delivered()
     );
     n.stop().await;
-    f.stop().await;
-    cleanup(&keys).await;
-    schema.drop().await;
+    finish(f, keys, schema).await;
 }
 
 /// `courier-pipeline notify` as a process of its own, killed with SIGKILL while an attempt is
@@ -675,10 +702,12 @@ fn offset(p: (f64, f64), m: f64, e: f64) -> (f64, f64) {
 /// offline reports it for each order he still carries.
 #[tokio::test]
 async fn arrivals_once_per_order_none_for_jitter_and_stacked_orders() {
-    let schema = pg_schema().await;
-    let keys = Keys::with_prefix(&prefix());
-    let broker = start_broker(BrokerKind::Embedded);
-    let f = start_fanout(&broker, keys.clone(), test_fanout_config()).await;
+    let Env {
+        schema,
+        keys,
+        broker,
+        f,
+    } = env().await;
     let ingest = start_ingest(&broker, test_ingest_config(), keys.clone()).await;
     let n = start_notify(&keys, &schema.url, fast()).await;
     let (rx, rx_addr) = start_receiver().await;
@@ -885,10 +914,12 @@ async fn provide(
 /// makes "once" hold even against a second writer.
 #[tokio::test]
 async fn push_notices_go_once_per_device_and_kind_and_dead_tokens_are_retired() {
-    let schema = pg_schema().await;
-    let keys = Keys::with_prefix(&prefix());
-    let broker = start_broker(BrokerKind::Embedded);
-    let f = start_fanout(&broker, keys.clone(), test_fanout_config()).await;
+    let Env {
+        schema,
+        keys,
+        broker: _bus,
+        f,
+    } = env().await;
     let provider = Provider::default();
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let paddr = l.local_addr().unwrap();
@@ -1018,19 +1049,19 @@ async fn push_notices_go_once_per_device_and_kind_and_dead_tokens_are_retired() 
         Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
     );
     n.stop().await;
-    f.stop().await;
-    cleanup(&keys).await;
-    schema.drop().await;
+    finish(f, keys, schema).await;
 }
 
 /// The events stream deleted under the relay's blocked read (an operator's DEL, a flushed
 /// Redis): the relay makes it again and carries on; nothing stops.
 #[tokio::test]
 async fn the_relay_survives_its_stream_being_deleted() {
-    let schema = pg_schema().await;
-    let keys = Keys::with_prefix(&prefix());
-    let broker = start_broker(BrokerKind::Embedded);
-    let f = start_fanout(&broker, keys.clone(), test_fanout_config()).await;
+    let Env {
+        schema,
+        keys,
+        broker: _bus,
+        f,
+    } = env().await;
     let n = start_notify(&keys, &schema.url, fast()).await;
     let (rx, rx_addr) = start_receiver().await;
     let (_, secret) = register(n.http, "acme", &format!("http://{rx_addr}/hook")).await;
@@ -1050,7 +1081,5 @@ async fn the_relay_survives_its_stream_being_deleted() {
         "the event after the DEL was not delivered"
     );
     n.stop().await;
-    f.stop().await;
-    cleanup(&keys).await;
-    schema.drop().await;
+    finish(f, keys, schema).await;
 }

@@ -21,7 +21,7 @@ fn sim(broker: &TestBroker, keys: &Keys, config: SimConfig) -> Simulator {
         also: vec![],
         assigner: Assigner::Redis {
             redis: services().redis(),
-            keys: keys.clone(),
+            keys: Box::new(keys.clone()),
         },
         viewer: Viewer::Broker {
             endpoint: broker.endpoint.clone(),

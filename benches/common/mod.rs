@@ -187,3 +187,11 @@ pub fn spawn(name: &'static str, cmd: &mut Command, log: &Path) -> Proc {
         .unwrap_or_else(|e| panic!("starting {name}: {e}"));
     Proc { name, child }
 }
+
+/// A knob from the environment, or its default when unset or unreadable.
+pub fn env_or<T: std::str::FromStr>(k: &str, d: T) -> T {
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
+}

@@ -28,7 +28,11 @@ const RETRY: Duration = Duration::from_millis(500);
 #[derive(Debug, Clone)]
 pub enum Assigner {
     /// `HSET courier:order <courier> <order>` (the fallback for a pipeline without fanout).
-    Redis { redis: RedisTarget, keys: Keys },
+    Redis {
+        redis: RedisTarget,
+        /// Boxed: the key names are the large part, and most runs use the API.
+        keys: Box<Keys>,
+    },
     /// `POST {base_url}/orders/{order}/assign` with `Authorization: Bearer <service_key>`;
     /// the run ends its orders with a `delivered` event (with an `Idempotency-Key`).
     Api {
@@ -405,7 +409,7 @@ mod tests {
     fn the_gateway_needs_the_orders_api() {
         let redis = Assigner::Redis {
             redis: RedisTarget::single("redis://127.0.0.1/"),
-            keys: Keys::with_prefix(""),
+            keys: Box::new(Keys::with_prefix("")),
         };
         assert!(redis.check(&Viewer::Gateway).is_err());
         let api = Assigner::Api {
