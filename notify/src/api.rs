@@ -13,7 +13,8 @@
 
 use crate::events::{self, KINDS};
 use crate::outbox;
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -153,12 +154,27 @@ pub fn check_url(url: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NewEndpoint {
+/// A call that presented the service key, and the database to answer it.
+struct Service {
+    db: Arc<tokio_postgres::Client>,
+}
+
+impl FromRequestParts<Arc<Api>> for Service {
+    type Rejection = Refused;
+
+    async fn from_request_parts(parts: &mut Parts, api: &Arc<Api>) -> Result<Self, Refused> {
+        check_key(api, &parts.headers)?;
+        Ok(Service {
+            db: api.db().await?,
+        })
+    }
+}
+
+/// A [`Service`] call naming its tenant in the query (`?tenant=`), with the rest of the query.
+struct TenantCall {
+    db: Arc<tokio_postgres::Client>,
     tenant: String,
-    url: String,
-    kinds: Vec<String>,
+    query: TenantQuery,
 }
 
 #[derive(Deserialize)]
@@ -166,6 +182,30 @@ struct TenantQuery {
     tenant: Option<String>,
     limit: Option<i64>,
     order_id: Option<String>,
+}
+
+impl FromRequestParts<Arc<Api>> for TenantCall {
+    type Rejection = Refused;
+
+    async fn from_request_parts(parts: &mut Parts, api: &Arc<Api>) -> Result<Self, Refused> {
+        let Service { db } = Service::from_request_parts(parts, api).await?;
+        let Query(query) = Query::<TenantQuery>::try_from_uri(&parts.uri)
+            .map_err(|e| bad(format!("query: {}", e.body_text())))?;
+        let tenant = query
+            .tenant
+            .clone()
+            .ok_or_else(|| bad("`tenant` is required"))?;
+        check_tenant(&tenant)?;
+        Ok(TenantCall { db, tenant, query })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewEndpoint {
+    tenant: String,
+    url: String,
+    kinds: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -176,202 +216,113 @@ struct NewDevice {
     token: String,
 }
 
-async fn register_device(
-    State(api): State<Arc<Api>>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
-    into_response(
-        async {
-            check_key(&api, &headers)?;
-            let d: NewDevice = serde_json::from_slice(&body).map_err(|e| {
-                bad(format!(
-                    "body: {e} (expected {{\"tenant\", \"order_id\", \"token\"}})"
-                ))
-            })?;
-            check_tenant(&d.tenant)?;
-            if !courier_wire::topic::valid_id(&d.order_id) {
-                return Err(bad("order ids are 1-64 of [A-Za-z0-9._:-]"));
-            }
-            if d.token.is_empty()
-                || d.token.len() > 4096
-                || !d.token.bytes().all(|b| b.is_ascii_graphic())
-            {
-                return Err(bad("token must be 1-4096 visible ASCII characters"));
-            }
-            let db = api.db().await?;
-            let (id, retired) = outbox::register_device(&db, &d.tenant, &d.order_id, &d.token)
-                .await
-                .map_err(storage)?;
-            Ok(ok(
-                StatusCode::CREATED,
-                json!({ "device_id": id, "order_id": d.order_id, "retired": retired }),
-            ))
-        }
-        .await,
-    )
+fn body<T: serde::de::DeserializeOwned>(raw: &[u8], shape: &str) -> Result<T, Refused> {
+    serde_json::from_slice(raw).map_err(|e| bad(format!("body: {e} (expected {shape})")))
 }
 
-async fn list_notices(
-    State(api): State<Arc<Api>>,
-    headers: HeaderMap,
-    Query(q): Query<TenantQuery>,
-) -> Response {
-    into_response(
-        async {
-            check_key(&api, &headers)?;
-            let tenant = tenant_of(&q)?;
-            let order = q.order_id.as_deref().filter(|o| courier_wire::topic::valid_id(o));
-            let order = order.ok_or_else(|| bad("`order_id` is required"))?;
-            let db = api.db().await?;
-            let list = outbox::notices(&db, tenant, order).await.map_err(storage)?;
-            let list: Vec<_> = list
-                .into_iter()
-                .map(|(device, kind, state, attempts)| {
-                    json!({ "device_id": device, "kind": kind, "state": state, "attempts": attempts })
-                })
-                .collect();
-            Ok(ok(StatusCode::OK, json!({ "notices": list })))
-        }
-        .await,
-    )
-}
-
-fn tenant_of(q: &TenantQuery) -> Result<&str, Refused> {
-    let t = q
-        .tenant
-        .as_deref()
-        .ok_or_else(|| bad("`tenant` is required"))?;
-    check_tenant(t)?;
-    Ok(t)
-}
-
-fn into_response(r: Result<Response, Refused>) -> Response {
-    r.unwrap_or_else(IntoResponse::into_response)
-}
-
-async fn create(
-    State(api): State<Arc<Api>>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
-    into_response(async {
-        check_key(&api, &headers)?;
-        let e: NewEndpoint = serde_json::from_slice(&body)
-            .map_err(|e| bad(format!("body: {e} (expected {{\"tenant\", \"url\", \"kinds\": [...]}})")))?;
-        check_tenant(&e.tenant)?;
-        check_url(&e.url).map_err(bad)?;
-        if e.kinds.is_empty() {
-            return Err(bad(format!("kinds must name at least one of {KINDS:?}")));
-        }
-        if let Some(k) = e.kinds.iter().find(|k| !KINDS.contains(&k.as_str())) {
-            return Err(bad(format!("unknown kind {k:?}: one of {KINDS:?}")));
-        }
-        let secret = crate::sign::new_secret();
-        let db = api.db().await?;
-        let id = outbox::create_endpoint(&db, &e.tenant, &e.url, &e.kinds, &secret)
-            .await
-            .map_err(storage)?;
-        Ok(ok(
-            StatusCode::CREATED,
-            json!({"id": id, "tenant": e.tenant, "url": e.url, "kinds": e.kinds, "secret": secret}),
-        ))
+async fn create(call: Service, raw: axum::body::Bytes) -> Result<Response, Refused> {
+    let e: NewEndpoint = body(&raw, r#"{"tenant", "url", "kinds": [...]}"#)?;
+    check_tenant(&e.tenant)?;
+    check_url(&e.url).map_err(bad)?;
+    if e.kinds.is_empty() {
+        return Err(bad(format!("kinds must name at least one of {KINDS:?}")));
     }
-    .await)
+    if let Some(k) = e.kinds.iter().find(|k| !KINDS.contains(&k.as_str())) {
+        return Err(bad(format!("unknown kind {k:?}: one of {KINDS:?}")));
+    }
+    let secret = crate::sign::new_secret();
+    let id = outbox::create_endpoint(&call.db, &e.tenant, &e.url, &e.kinds, &secret)
+        .await
+        .map_err(storage)?;
+    Ok(ok(
+        StatusCode::CREATED,
+        json!({"id": id, "tenant": e.tenant, "url": e.url, "kinds": e.kinds, "secret": secret}),
+    ))
 }
 
-async fn list(
-    State(api): State<Arc<Api>>,
-    headers: HeaderMap,
-    Query(q): Query<TenantQuery>,
-) -> Response {
-    into_response(
-        async {
-            check_key(&api, &headers)?;
-            let tenant = tenant_of(&q)?;
-            let db = api.db().await?;
-            let list = outbox::endpoints(&db, tenant).await.map_err(storage)?;
-            Ok(ok(StatusCode::OK, json!({ "endpoints": list })))
-        }
-        .await,
+async fn list(call: TenantCall) -> Result<Response, Refused> {
+    let list = outbox::endpoints(&call.db, &call.tenant)
+        .await
+        .map_err(storage)?;
+    Ok(ok(StatusCode::OK, json!({ "endpoints": list })))
+}
+
+fn not_found(what: &str) -> Refused {
+    Refused(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no such {what} of this tenant"),
     )
 }
 
-async fn disable(
-    State(api): State<Arc<Api>>,
-    headers: HeaderMap,
-    Path(id): Path<i64>,
-    Query(q): Query<TenantQuery>,
-) -> Response {
-    into_response(
-        async {
-            check_key(&api, &headers)?;
-            let tenant = tenant_of(&q)?;
-            let db = api.db().await?;
-            if outbox::disable_endpoint(&db, tenant, id)
-                .await
-                .map_err(storage)?
-            {
-                events::api("ok");
-                Ok(StatusCode::NO_CONTENT.into_response())
-            } else {
-                Err(Refused(
-                    StatusCode::NOT_FOUND,
-                    "not_found",
-                    "no such endpoint of this tenant".into(),
-                ))
-            }
-        }
-        .await,
-    )
+async fn disable(call: TenantCall, Path(id): Path<i64>) -> Result<Response, Refused> {
+    if !outbox::disable_endpoint(&call.db, &call.tenant, id)
+        .await
+        .map_err(storage)?
+    {
+        return Err(not_found("endpoint"));
+    }
+    events::api("ok");
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn dead_letters(
-    State(api): State<Arc<Api>>,
-    headers: HeaderMap,
-    Query(q): Query<TenantQuery>,
-) -> Response {
-    into_response(
-        async {
-            check_key(&api, &headers)?;
-            let tenant = tenant_of(&q)?;
-            let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-            let db = api.db().await?;
-            let list = outbox::dead_letters(&db, tenant, limit)
-                .await
-                .map_err(storage)?;
-            Ok(ok(StatusCode::OK, json!({ "dead_letters": list })))
-        }
-        .await,
-    )
+async fn dead_letters(call: TenantCall) -> Result<Response, Refused> {
+    let limit = call.query.limit.unwrap_or(100).clamp(1, 1000);
+    let list = outbox::dead_letters(&call.db, &call.tenant, limit)
+        .await
+        .map_err(storage)?;
+    Ok(ok(StatusCode::OK, json!({ "dead_letters": list })))
 }
 
-async fn replay(
-    State(api): State<Arc<Api>>,
-    headers: HeaderMap,
-    Path(id): Path<i64>,
-    Query(q): Query<TenantQuery>,
-) -> Response {
-    into_response(
-        async {
-            check_key(&api, &headers)?;
-            let tenant = tenant_of(&q)?;
-            let db = api.db().await?;
-            if outbox::replay(&db, tenant, id).await.map_err(storage)? {
-                Ok(ok(
-                    StatusCode::ACCEPTED,
-                    json!({ "delivery_id": id, "state": "pending" }),
-                ))
-            } else {
-                Err(Refused(
-                    StatusCode::NOT_FOUND,
-                    "not_found",
-                    "no such dead letter of this tenant".into(),
-                ))
-            }
-        }
-        .await,
-    )
+async fn replay(call: TenantCall, Path(id): Path<i64>) -> Result<Response, Refused> {
+    if !outbox::replay(&call.db, &call.tenant, id)
+        .await
+        .map_err(storage)?
+    {
+        return Err(not_found("dead letter"));
+    }
+    Ok(ok(
+        StatusCode::ACCEPTED,
+        json!({ "delivery_id": id, "state": "pending" }),
+    ))
+}
+
+async fn register_device(call: Service, raw: axum::body::Bytes) -> Result<Response, Refused> {
+    let d: NewDevice = body(&raw, r#"{"tenant", "order_id", "token"}"#)?;
+    check_tenant(&d.tenant)?;
+    if !courier_wire::topic::valid_id(&d.order_id) {
+        return Err(bad("order ids are 1-64 of [A-Za-z0-9._:-]"));
+    }
+    if d.token.is_empty() || d.token.len() > 4096 || !d.token.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return Err(bad("token must be 1-4096 visible ASCII characters"));
+    }
+    let (id, retired) = outbox::register_device(&call.db, &d.tenant, &d.order_id, &d.token)
+        .await
+        .map_err(storage)?;
+    Ok(ok(
+        StatusCode::CREATED,
+        json!({ "device_id": id, "order_id": d.order_id, "retired": retired }),
+    ))
+}
+
+async fn list_notices(call: TenantCall) -> Result<Response, Refused> {
+    let order = call
+        .query
+        .order_id
+        .as_deref()
+        .filter(|o| courier_wire::topic::valid_id(o));
+    let order = order.ok_or_else(|| bad("`order_id` is required"))?;
+    let list = outbox::notices(&call.db, &call.tenant, order)
+        .await
+        .map_err(storage)?;
+    let list: Vec<_> = list
+        .into_iter()
+        .map(|(device, kind, state, attempts)| {
+            json!({ "device_id": device, "kind": kind, "state": state, "attempts": attempts })
+        })
+        .collect();
+    Ok(ok(StatusCode::OK, json!({ "notices": list })))
 }
 
 #[cfg(test)]
