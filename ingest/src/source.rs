@@ -12,6 +12,13 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+/// When a receive loop ends: `stop` ends intake; `done` says the writer has drained the queue
+/// (the connection is serviced until then, for the last tracks).
+pub(crate) struct Lifetime {
+    pub stop: CancellationToken,
+    pub done: CancellationToken,
+}
+
 /// Runs the receive loop until `stop`; then unsubscribes, closes the queue (so the writer
 /// drains it) and keeps the connection serviced until `done`, so that the tracks of the last
 /// batches still go out, and finally disconnects.
@@ -22,9 +29,9 @@ pub(crate) async fn receive(
     tx: mpsc::Sender<Message>,
     metrics: Arc<Metrics>,
     stats: Arc<Stats>,
-    stop: CancellationToken,
-    done: CancellationToken,
+    lifetime: Lifetime,
 ) {
+    let Lifetime { stop, done } = lifetime;
     let unsubscribes = filters.len();
     let mut sub = Subscriber::new("ingest", client, filters);
     let mut tx = Some(tx);

@@ -58,8 +58,10 @@ pub(crate) async fn run(
         tx,
         metrics.clone(),
         stats.clone(),
-        shutdown.clone(),
-        done.clone(),
+        source::Lifetime {
+            stop: shutdown.clone(),
+            done: done.clone(),
+        },
     ));
 
     let ctx = Arc::new(Ctx {
