@@ -1187,3 +1187,47 @@ async fn the_running_writer_aggregates_closed_hours_then_drops_old_days() {
     w.stop().await;
     s.drop().await;
 }
+
+/// A writer whose aggregator waits for another writer's lock on the watermark (or works
+/// through a long catch-up) still stops at once: the open hour is rolled back, not finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_stops_at_once_while_its_aggregator_waits_for_the_watermark() {
+    let s = pg_schema().await;
+    let mut other = migrated(&s.url).await;
+    // Another writer's aggregation: the watermark row locked, the transaction left open.
+    other
+        .batch_execute(
+            "INSERT INTO aggregate_watermark (done_until) VALUES (now() - interval '2 days') ON CONFLICT DO NOTHING",
+        )
+        .await
+        .unwrap();
+    let tx = other.transaction().await.unwrap();
+    tx.batch_execute("SELECT done_until FROM aggregate_watermark FOR UPDATE")
+        .await
+        .unwrap();
+    let broker = start_broker(BrokerKind::Embedded);
+    let config = HistoryConfig {
+        aggregate_every: Duration::from_millis(100),
+        ..writer_config()
+    };
+    let w = start_writer(
+        &broker,
+        &s.url,
+        Keys::with_prefix(&prefix()),
+        config,
+        history_writer::system_clock(),
+    )
+    .await;
+    // Let the aggregator reach the lock and wait on it (lock_timeout is 10 s).
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let t = std::time::Instant::now();
+    w.shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), w.task)
+        .await
+        .expect("the writer waited for the watermark lock instead of stopping")
+        .unwrap()
+        .unwrap();
+    assert!(t.elapsed() < Duration::from_secs(5));
+    tx.rollback().await.unwrap();
+    s.drop().await;
+}

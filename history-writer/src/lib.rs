@@ -291,14 +291,21 @@ async fn aggregate_loop(url: String, cfg: HistoryConfig, clock: Clock, stop: Can
             _ = tokio::time::sleep(wait) => {}
         }
         let started = std::time::Instant::now();
-        let result = async {
+        let run = async {
             if client.as_ref().is_none_or(|c| c.is_closed()) {
                 client = Some(sink::connect(&url, "courier-history-aggregates").await?);
             }
             let c = client.as_mut().expect("connected above");
             aggregates::run_pending(c, clock(), &settings).await
-        }
-        .await;
+        };
+        // A catch-up (up to max_hours, seconds each) or a wait for another writer's lock on
+        // the watermark must not hold up shutdown: stopping drops the run, its connection
+        // closes and PostgreSQL rolls the open hour back (each hour is one transaction, so
+        // the watermark never moves past an unwritten hour).
+        let result = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = run => r,
+        };
         match result {
             Ok(out) => {
                 if out.hours > 0 {
