@@ -259,11 +259,12 @@ fn start_inner(
             }
         })
         .map_err(|e| BrokerError::Start(e.to_string()))?;
-    // Ready once the address is taken. Probing by binding (not connecting) keeps rumqttd from
-    // logging an aborted connection at every start.
+    // Ready once rumqttd's thread holds a socket on each address, found among this process's
+    // descriptors: neither a connection (rumqttd would log it as aborted) nor a probing bind
+    // (which, taken at the moment rumqttd binds, made its listener fail and this wait time out).
     let deadline = Instant::now() + Duration::from_secs(15);
     for &addr in &addrs {
-        while TcpListener::bind(addr).is_ok() {
+        while !on_listeners(&[addr.port()], |_| true).is_ok_and(|n| n > 0) {
             if Instant::now() > deadline {
                 return Err(BrokerError::Listen {
                     addr,
@@ -306,8 +307,17 @@ fn open_descriptors() -> std::io::Result<Vec<i32>> {
 /// binds its listener itself, but Linux gives an accepted socket the listener's TCP_NODELAY, and
 /// the listener is one of this process's file descriptors: find it by its local port.
 pub fn no_delay_on_listeners(ports: &[u16]) -> std::io::Result<usize> {
+    on_listeners(ports, |sock| sock.set_tcp_nodelay(true).is_ok())
+}
+
+/// Calls `f` on each TCP socket of this process bound to one of `ports`; counts the calls that
+/// returned true.
+fn on_listeners(
+    ports: &[u16],
+    mut f: impl FnMut(&socket2::SockRef<'_>) -> bool,
+) -> std::io::Result<usize> {
     use std::os::fd::BorrowedFd;
-    let mut set = 0;
+    let mut n = 0;
     for fd in open_descriptors()? {
         let is_socket = std::fs::read_link(format!("/proc/self/fd/{fd}"))
             .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"));
@@ -327,11 +337,11 @@ pub fn no_delay_on_listeners(ports: &[u16]) -> std::io::Result<usize> {
             .ok()
             .and_then(|a| a.as_socket())
             .map(|a| a.port());
-        if port.is_some_and(|p| ports.contains(&p)) && sock.set_tcp_nodelay(true).is_ok() {
-            set += 1;
+        if port.is_some_and(|p| ports.contains(&p)) && f(&sock) {
+            n += 1;
         }
     }
-    Ok(set)
+    Ok(n)
 }
 
 #[cfg(test)]
