@@ -74,7 +74,7 @@ impl City {
             name: "run",
             child: cmd.spawn().unwrap(),
         };
-        let ready = wait_async(Duration::from_secs(30), || async move {
+        let ready = wait_until_async(Duration::from_secs(30), || async move {
             tokio::net::TcpStream::connect(metrics).await.is_ok()
                 && http_get(metrics, "/readyz", None).await.status == 200
         })
@@ -127,21 +127,6 @@ impl City {
             .unwrap();
         (row.get(0), row.get(1), row.get(2), row.get(3))
     }
-}
-
-async fn wait_async<F, Fut>(timeout: Duration, mut f: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
 }
 
 /// Sends points of `courier` at `at` until `viewer` receives one of `order` and history has a

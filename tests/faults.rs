@@ -806,21 +806,6 @@ async fn ready(metrics: SocketAddr) -> bool {
     .await
 }
 
-async fn wait_until_async<F, Fut>(timeout: Duration, mut f: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
-}
-
 /// `run` SIGKILLed under load (phones on their own connections to its edge) and started
 /// again. PostgreSQL keeps every row committed before the kill; what was in memory (the
 /// edge's and ingest's queues, the history buffer) and what phones sent while nothing

@@ -523,7 +523,7 @@ async fn dead_letters_are_listed_and_replayed_per_tenant_and_wrong_keys_move_not
         .await
     );
     assert!(rx.hits().iter().all(|h| h.verified && h.id == webhook_id));
-    let stored = wait_until_async(|| async {
+    let stored = wait_until_async(Duration::from_secs(30), || async {
         count("SELECT count(*) FROM webhook_deliveries WHERE state = 'delivered'").await == 1
     })
     .await;
@@ -627,11 +627,10 @@ async fn a_dispatcher_killed_mid_delivery_loses_nothing() {
     };
     let victim_http = free_addr();
     let victim = process(victim_http);
-    let up =
-        wait_until_async(
-            || async move { tokio::net::TcpStream::connect(victim_http).await.is_ok() },
-        )
-        .await;
+    let up = wait_until_async(Duration::from_secs(30), || async move {
+        tokio::net::TcpStream::connect(victim_http).await.is_ok()
+    })
+    .await;
     assert!(up, "notify did not start");
     let (_, secret) = register(victim_http, "acme", &format!("http://{rx_addr}/hook")).await;
     *rx.secret.lock().unwrap() = Some(secret);
@@ -668,21 +667,6 @@ async fn a_dispatcher_killed_mid_delivery_loses_nothing() {
     cleanup(&keys).await;
     schema.drop().await;
     let _ = std::fs::remove_dir_all(dir);
-}
-
-async fn wait_until_async<F, Fut>(mut f: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if f().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
 }
 
 /// A point `m` metres north and `e` metres east of `p`.
@@ -982,7 +966,7 @@ async fn push_notices_go_once_per_device_and_kind_and_dead_tokens_are_retired() 
     assert_eq!(flaky[0].1, flaky[1].1);
     let mut db = pg_connect(&schema.url).await;
     history_writer::migrate(&mut db).await.unwrap();
-    let retired = wait_until_async(|| async {
+    let retired = wait_until_async(Duration::from_secs(30), || async {
         db.query_one(
             "SELECT count(*) FROM push_devices WHERE token = 'tok-dead' AND retired_at IS NOT NULL",
             &[],

@@ -168,6 +168,22 @@ pub async fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool 
     f()
 }
 
+/// [`wait_until`] for a condition that must await (an HTTP call, a query).
+pub async fn wait_until_async<F, Fut>(timeout: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
 /// GEOPOS of one member, rounded to what Redis GEO keeps (about 6 decimals).
 pub async fn geopos(
     r: &mut redis::aio::MultiplexedConnection,
