@@ -345,18 +345,11 @@ async fn run() {
 
 /// The counters that tell where points went, from a child's /metrics.
 async fn scrape(addr: std::net::SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+    let client = courier_wire::http_client::HttpClient::new(Duration::from_secs(5), 64 << 20);
+    let Ok(answer) = client.get(&format!("http://{addr}/metrics"), &[]).await else {
         return "no /metrics".into();
     };
-    let _ = s
-        .write_all(
-            format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await;
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out).await;
+    let out = answer.text();
     out.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| {

@@ -2,7 +2,6 @@
 //! `/proc/<pid>`, Redis's own CPU from `INFO`.
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -142,14 +141,32 @@ impl Drop for Proc {
     }
 }
 
+/// `GET url` from synchronous code, through the project's HTTP client: on a thread of its own
+/// with a one-thread runtime, so that it also works from inside a bench's runtime.
+pub fn http_get(url: &str) -> Option<courier_wire::http_client::Answer> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(
+                courier_wire::http_client::HttpClient::new(Duration::from_secs(5), 64 << 20)
+                    .get(url, &[]),
+            )
+            .ok()
+        })
+        .join()
+        .ok()
+        .flatten()
+    })
+}
+
 /// `GET /metrics`, as text.
 pub fn scrape(addr: SocketAddr) -> Option<String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    body.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+    http_get(&format!("http://{addr}/metrics"))
+        .filter(|a| a.status == 200)
+        .map(|a| a.text())
 }
 
 /// The sum of every series of `name` whose labels contain `label` (e.g. `result="accepted"`).

@@ -1,10 +1,23 @@
-//! Plain HTTP/1.1 requests over a socket.
+//! HTTP requests to the pipeline under test, through the project's one client
+//! ([`courier_wire::http_client`]); a test that is about raw bytes on the socket (slow headers,
+//! oversized bodies) writes them itself.
 
 use super::*;
+use courier_wire::http_client::{Answer, HttpClient};
+
+/// A client for one test call: 30 s, 16 MiB.
+fn client() -> HttpClient {
+    HttpClient::new(Duration::from_secs(30), 16 << 20)
+}
+
+fn bearer_header(bearer: Option<&str>) -> Option<String> {
+    bearer.map(|t| format!("Bearer {t}"))
+}
 
 /// A response as received.
 pub struct HttpReply {
     pub status: u16,
+    /// The headers as `name: value` lines (lower-case names).
     pub head: String,
     pub body: String,
 }
@@ -15,36 +28,28 @@ impl HttpReply {
     }
 }
 
-/// GET over a real socket (HTTP/1.1, one request per connection).
+/// GET over a real socket.
 pub async fn http_get(addr: SocketAddr, path: &str, bearer: Option<&str>) -> HttpReply {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let auth = bearer
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n")
-            .as_bytes(),
-    )
-    .await
-    .unwrap();
-    let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut raw))
+    let auth = bearer_header(bearer);
+    let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("authorization", a.as_str())).collect();
+    let a = client()
+        .get(&format!("http://{addr}{path}"), &headers)
         .await
-        .expect("http timeout")
-        .unwrap();
-    let text = String::from_utf8(raw).unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").expect("no header end");
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("status line");
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    let head = head_lines(&a);
     HttpReply {
-        status,
-        head: head.to_string(),
-        body: body.to_string(),
+        status: a.status,
+        head,
+        body: a.text(),
     }
+}
+
+fn head_lines(a: &Answer) -> String {
+    a.headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {}", v.to_str().unwrap_or("")))
+        .collect::<Vec<_>>()
+        .join("\r\n")
 }
 
 /// An HTTP answer: status, headers (lower-case names), JSON body (Null when not JSON).
@@ -65,47 +70,47 @@ impl HttpAnswer {
     }
 }
 
-/// A plain HTTP/1.1 POST over a socket (`Connection: close`).
+/// A POST with a JSON body and extra headers.
 pub async fn http_post(
     addr: SocketAddr,
     path: &str,
     headers: &[(&str, &str)],
     body: &str,
 ) -> HttpAnswer {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut req = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+    let a = client()
+        .post_json(&format!("http://{addr}{path}"), headers, body.to_string())
         .await
-        .expect("HTTP answer")
-        .unwrap();
-    let text = String::from_utf8_lossy(&out).to_string();
-    let (head, raw_body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|c| c.parse().ok())
-        .expect("status line");
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let body = serde_json::from_str(raw_body).unwrap_or(serde_json::Value::Null);
+        .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+    let raw_body = a.text();
     HttpAnswer {
-        status,
-        headers,
-        body,
-        raw_body: raw_body.to_string(),
+        status: a.status,
+        headers: a
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string()))
+            .collect(),
+        body: serde_json::from_str(&raw_body).unwrap_or(serde_json::Value::Null),
+        raw_body,
     }
+}
+
+/// `GET path` from synchronous code (or from inside a runtime without awaiting): status and
+/// body, `None` while nothing answers. Runs the client on a thread of its own.
+pub fn get_blocking(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let url = format!("http://{addr}{path}");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            let a = rt
+                .block_on(HttpClient::new(Duration::from_secs(10), 16 << 20).get(&url, &[]))
+                .ok()?;
+            Some((a.status, a.text()))
+        })
+        .join()
+        .ok()
+        .flatten()
+    })
 }

@@ -1,5 +1,5 @@
-//! The wire format of courier-pipeline, with no I/O (features `mqtt` and `redis` add the client
-//! options and the Redis connection every role shares).
+//! The wire format of courier-pipeline, with no I/O (features `mqtt`, `redis` and `http-client`
+//! add the client options, the Redis connection every role shares and the tools' HTTP client).
 //!
 //! Everything clients and operators depend on by name lives here: the MQTT topics
 //! (`couriers/{id}/loc`, `couriers/{id}/status`, `track/{order}`), the point payload and its
@@ -12,6 +12,8 @@ pub mod duration;
 pub mod endpoint;
 pub mod events;
 pub mod health;
+#[cfg(feature = "http-client")]
+pub mod http_client;
 pub mod keys;
 pub mod metrics;
 #[cfg(feature = "mqtt")]
