@@ -172,7 +172,7 @@ async fn wait_port(addr: std::net::SocketAddr) {
 }
 
 async fn run() {
-    let nofile = edge::raise_nofile_limit();
+    let nofile = courier_wire::limits::raise_nofile(0);
     let goal = env_or("FANOUT_BENCH_VIEWERS", 20_000) as usize;
     let rate = env_or("FANOUT_BENCH_RATE", 10_000);
     let n_orders = env_or("FANOUT_BENCH_ORDERS", 1_000) as usize;

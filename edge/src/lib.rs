@@ -88,7 +88,7 @@ impl Edge {
         if s.tcp.is_empty() && s.tls.is_empty() && s.ws.is_empty() {
             return Err(EdgeError::NoListener);
         }
-        let nofile = raise_nofile_limit();
+        let nofile = courier_wire::limits::raise_nofile(0);
         if nofile < (s.max_connections + s.max_pending) as u64 {
             tracing::info!(
                 nofile,
@@ -183,27 +183,3 @@ impl Bound {
     }
 }
 
-/// Raises the soft open-file limit to the hard one; returns the limit in force.
-#[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every platform
-pub fn raise_nofile_limit() -> u64 {
-    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
-    unsafe {
-        let mut l = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
-            return 0;
-        }
-        if l.rlim_cur < l.rlim_max {
-            let want = libc::rlimit {
-                rlim_cur: l.rlim_max,
-                rlim_max: l.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
-                l = want;
-            }
-        }
-        l.rlim_cur as u64
-    }
-}

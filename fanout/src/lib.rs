@@ -80,7 +80,7 @@ impl Fanout {
             .check_prefix(self.keys.prefix())
             .map_err(|e| FanoutError::Config(format!("redis.key_prefix {e}")))?;
         let redis = RedisConn::connect(&self.redis, &RedisOptions::default()).await?;
-        let nofile = edge::raise_nofile_limit();
+        let nofile = courier_wire::limits::raise_nofile(0);
         if nofile < self.config.max_viewers as u64 + 64 {
             tracing::warn!(
                 nofile,

@@ -17,7 +17,6 @@
 pub mod config;
 pub mod faults;
 pub mod histogram;
-pub mod limits;
 pub mod links;
 pub mod motion;
 pub mod orders;
@@ -110,7 +109,7 @@ impl Simulator {
         // Each watcher holds a connection too, so shared mode raises the limit as well.
         let want =
             cfg.connections.unwrap_or(cfg.couriers) as u64 + cfg.watchers.orders as u64 + 1024;
-        let got = limits::raise_nofile(want);
+        let got = courier_wire::limits::raise_nofile(want);
         if got < want {
             tracing::warn!(
                 want,

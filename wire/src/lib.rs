@@ -15,6 +15,7 @@ pub mod health;
 #[cfg(feature = "http-client")]
 pub mod http_client;
 pub mod keys;
+pub mod limits;
 pub mod metrics;
 #[cfg(feature = "mqtt")]
 pub mod mqtt;

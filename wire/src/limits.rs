@@ -1,4 +1,6 @@
-//! The open-file limit: one connection per courier needs one descriptor per courier.
+//! The open-file limit: every phone, viewer or simulated courier connection is a descriptor, so
+//! the edge, the viewer gateway and the simulator raise it at start-up (the one copy of this
+//! rule; it is the only system call in this crate outside the client features).
 
 /// Raises this process's RLIMIT_NOFILE soft limit to the hard limit, and both past it up to
 /// `want` where the process may (root: up to `fs.nr_open`). Never lowers it. Returns the soft
