@@ -47,6 +47,7 @@ pub fn init_logs(format: LogFormat) {
         .with(tracing_subscriber::filter::filter_fn(|meta| {
             !is_broker_span(meta)
         }))
+        .with(QuietRouterDrop)
         .with(fmt)
         .try_init();
 }
@@ -57,6 +58,46 @@ pub fn init_logs(format: LogFormat) {
 /// error lines) stay.
 fn is_broker_span(meta: &tracing::Metadata<'_>) -> bool {
     meta.is_span() && meta.target().starts_with("rumqttd::router")
+}
+
+/// rumqttd 0.20 logs `router-drop` at ERROR whenever its router lets go of a link, and the
+/// router does so for every client that sends DISCONNECT: each of our workers at every clean
+/// shutdown, so a clean run ended in ERROR lines nobody could act on. The router's own line for
+/// the cases that matter (a duplicate client id taking over, a refused publish) carries the
+/// cause; `router-drop` only repeats that a link ended, so it is dropped here, and only it.
+struct QuietRouterDrop;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for QuietRouterDrop {
+    fn event_enabled(
+        &self,
+        event: &tracing::Event<'_>,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        let meta = event.metadata();
+        if *meta.level() != tracing::Level::ERROR || meta.target() != "rumqttd::server::broker" {
+            return true;
+        }
+        let mut message = Message(false);
+        event.record(&mut message);
+        !message.0
+    }
+}
+
+/// Whether an event's message is `router-drop`.
+struct Message(bool);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}") == "router-drop";
+        }
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.0 = value == "router-drop";
+        }
+    }
 }
 
 /// Installs the process-wide metrics recorder (once) and returns its handle.

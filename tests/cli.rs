@@ -215,6 +215,12 @@ async fn run_takes_a_point_serves_metrics_and_stops_on_sigterm() {
         .unwrap();
     assert!(status.success(), "exit {status:?}; stderr:\n{err}");
     assert!(err.contains("stopped cleanly"), "{err}");
+    // A clean run ends without an ERROR line (rumqttd's `router-drop` for every worker that
+    // disconnects is filtered, src/telemetry.rs).
+    assert!(
+        !err.contains(" ERROR "),
+        "an ERROR line in a clean run:\n{err}"
+    );
     // stderr is a pipe here, not a terminal: plain text, no colour codes.
     assert!(
         !err.contains('\u{1b}'),

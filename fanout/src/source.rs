@@ -9,7 +9,7 @@
 
 use crate::events::{Metrics, Stats, Tally};
 use crate::hub::Hub;
-use courier_wire::mqtt::{Polled, Subscriber};
+use courier_wire::mqtt::{poll_ticking, Polled, Subscriber};
 use courier_wire::{Keys, MqttEndpoint, RedisConn, RedisTarget};
 use futures_util::StreamExt;
 use rumqttc::AsyncClient;
@@ -40,11 +40,10 @@ pub(crate) async fn tracks(
         tokio::select! {
             biased;
             _ = stop.cancelled() => break,
-            _ = flush.tick() => {
+            ev = poll_ticking(&mut eventloop, &mut flush, || {
                 metrics.source(&stats, &tally);
                 tally = Tally::default();
-            }
-            ev = eventloop.poll() => match sub.handle(ev, &stats.mqtt_up) {
+            }) => match sub.handle(ev, &stats.mqtt_up) {
                 Polled::Publish(p) => {
                     if let Some(order) = p.topic.strip_prefix("track/") {
                         if courier_wire::topic::valid_id(order) {

@@ -7,7 +7,7 @@ use crate::events::{DropReason, Metrics, Stats};
 use crate::rows::{self, Orders, Refused};
 use crate::Shared;
 use courier_wire::clock::unix_now;
-use courier_wire::mqtt::{Polled, Subscriber};
+use courier_wire::mqtt::{poll_ticking, Polled, Subscriber};
 use courier_wire::{topic, MqttEndpoint};
 use rumqttc::AsyncClient;
 use std::sync::atomic::Ordering::Relaxed;
@@ -118,8 +118,9 @@ pub(crate) async fn receive(
         tokio::select! {
             biased;
             _ = stop.cancelled() => break,
-            _ = flush.tick() => intake.flush(&metrics, &stats, &mut drop_log, capacity),
-            ev = eventloop.poll() => match sub.handle(ev, &stats.mqtt_up) {
+            ev = poll_ticking(&mut eventloop, &mut flush, || {
+                intake.flush(&metrics, &stats, &mut drop_log, capacity)
+            }) => match sub.handle(ev, &stats.mqtt_up) {
                 Polled::Publish(p) => {
                     intake.take(&p, &shared);
                     if intake.received >= 1024 {

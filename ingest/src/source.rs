@@ -5,7 +5,7 @@
 use crate::batch::Message;
 use crate::events::{Metrics, Stats};
 use courier_wire::clock::unix_now;
-use courier_wire::mqtt::{Polled, Subscriber};
+use courier_wire::mqtt::{poll_ticking, Polled, Subscriber};
 use rumqttc::{AsyncClient, EventLoop};
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,11 +58,10 @@ pub(crate) async fn receive(
                 tracing::warn!("no UNSUBACK within 1 s of stopping; closing the queue");
                 tx = None;
             }
-            _ = flush.tick() => {
+            ev = poll_ticking(&mut eventloop, &mut flush, || {
                 metrics.received(&stats, received, dropped);
                 (received, dropped) = (0, 0);
-            }
-            ev = eventloop.poll() => match sub.handle(ev, &stats.mqtt_up) {
+            }) => match sub.handle(ev, &stats.mqtt_up) {
                 Polled::Publish(p) => {
                     received += 1;
                     let Some(q) = &tx else { dropped += 1; continue };

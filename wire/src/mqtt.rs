@@ -44,6 +44,26 @@ pub fn install_crypto_provider() {
 
 /// Points are small packets sent one at a time: without TCP_NODELAY, Nagle's algorithm holds
 /// each behind the previous one's ACK and adds milliseconds of delay.
+/// The next event of `eventloop`, running `on_tick` at each tick of `tick` meanwhile. A role's
+/// loop must not put `poll()` and a timer side by side in one `select!`: a tick that fires
+/// while rumqttc is connecting drops the half-made connection (its poll is not cancel-safe
+/// then), so each start cost a reconnect and left the broker a reset link, logged at ERROR.
+pub async fn poll_ticking(
+    eventloop: &mut rumqttc::EventLoop,
+    tick: &mut tokio::time::Interval,
+    mut on_tick: impl FnMut(),
+) -> Result<rumqttc::Event, rumqttc::ConnectionError> {
+    let poll = eventloop.poll();
+    tokio::pin!(poll);
+    loop {
+        tokio::select! {
+            biased;
+            ev = &mut poll => return ev,
+            _ = tick.tick() => on_tick(),
+        }
+    }
+}
+
 pub fn no_delay(el: &mut rumqttc::EventLoop) {
     let mut n = el.network_options();
     n.set_tcp_nodelay(true);
@@ -180,8 +200,8 @@ impl Subscriber {
     }
 
     /// Takes what is still arriving until the connection has been quiet for a moment, then
-    /// sends DISCONNECT (and whatever is still queued, such as the last tracks), all within
-    /// `within`; returns the messages that arrived meanwhile (sent before the broker took the
+    /// sends DISCONNECT (and whatever is still queued, such as the last tracks) and reads on
+    /// until the broker closes the connection, all within `within`; returns the messages that arrived meanwhile (sent before the broker took the
     /// unsubscribe), for the role to take or count: dropping them here lost them silently.
     pub async fn disconnect(
         self,
@@ -202,13 +222,15 @@ impl Subscriber {
             }
         })
         .await;
+        // Then DISCONNECT, and the connection is left for the broker to close (as MQTT has it):
+        // closing it first, with a publish the broker sent meanwhile still unread, resets it, and
+        // rumqttd logs every reset link at ERROR.
         let _ = tokio::time::timeout(within / 2, async {
             let _ = self.client.try_disconnect();
             while let Ok(ev) = eventloop.poll().await {
                 match ev {
-                    Event::Outgoing(Outgoing::Disconnect) => break,
                     Event::Incoming(Packet::Publish(p)) => late.push(p),
-                    _ => {}
+                    Event::Outgoing(Outgoing::Disconnect) | _ => {}
                 }
             }
         })
