@@ -82,7 +82,7 @@ impl Mix {
     }
 
     /// The four fractions, normalised: to_restaurant, to_customer, available, off_shift.
-    pub fn fractions(&self) -> [f64; 4] {
+    pub(crate) fn fractions(&self) -> [f64; 4] {
         let f = [
             self.to_restaurant,
             self.to_customer,
@@ -162,13 +162,6 @@ impl Default for Faults {
 }
 
 impl Faults {
-    pub fn any(&self) -> bool {
-        self.outage > 0.0
-            || self.null_island > 0.0
-            || self.default_location > 0.0
-            || self.restart > 0.0
-    }
-
     fn validate(&self) -> Result<(), String> {
         for (name, v) in [
             ("--outage", self.outage),
@@ -278,13 +271,8 @@ impl SimConfig {
         self.faults.validate()
     }
 
-    /// One connection per courier?
-    pub fn per_courier(&self) -> bool {
-        self.connections.is_none()
-    }
-
     /// The window faults are drawn in, seconds.
-    pub fn fault_window(&self) -> f64 {
+    pub(crate) fn fault_window(&self) -> f64 {
         self.faults
             .window
             .or(self.duration)
@@ -293,7 +281,7 @@ impl SimConfig {
     }
 
     /// How the interval reads in the summary line: `4s`, or `mix`.
-    pub fn interval_label(&self) -> String {
+    pub(crate) fn interval_label(&self) -> String {
         match &self.profile {
             Profile::Fixed { interval } => format!("{}s", interval.as_secs_f64()),
             Profile::Mix(_) => "3-5s/15-30s (mix)".into(),

@@ -6,7 +6,7 @@ use rand::Rng;
 
 /// The faults of one phone during a run.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Offline from `.0` to `.1`: points are buffered, then flushed after the first live one.
     pub outage: Option<(f64, f64)>,
     /// The app restarts at this time: connection dropped, seq starts again at 1.
@@ -18,7 +18,7 @@ pub struct Plan {
 impl Plan {
     /// Draws the faults of one courier; `start` is the run's start, `window` its length in
     /// seconds. Every fault time falls inside `[start, start + window]`.
-    pub fn draw(f: &Faults, start: f64, window: f64, rng: &mut impl Rng) -> Plan {
+    pub(crate) fn draw(f: &Faults, start: f64, window: f64, rng: &mut impl Rng) -> Plan {
         let mut p = Plan::default();
         if f.outage > 0.0 && rng.random_bool(f.outage.min(1.0)) {
             let len = f.outage_for.as_secs_f64().min(window);
@@ -34,7 +34,7 @@ impl Plan {
     }
 
     /// Any fault that changes the stream a customer would watch.
-    pub fn is_faulty(&self) -> bool {
+    pub(crate) fn is_faulty(&self) -> bool {
         self.outage.is_some() || self.restart_at.is_some() || self.default_location
     }
 }

@@ -7,7 +7,7 @@ const LINEAR: u64 = 2 * SUB;
 const BUCKETS: usize = (LINEAR + (64 - SUB_BITS as u64 - 1) * SUB) as usize;
 
 #[derive(Debug, Clone)]
-pub struct Histogram {
+pub(crate) struct Histogram {
     counts: Box<[u64]>,
     total: u64,
     max: u64,
@@ -44,22 +44,22 @@ fn value(i: usize) -> u64 {
 }
 
 impl Histogram {
-    pub fn record(&mut self, v: u64) {
+    pub(crate) fn record(&mut self, v: u64) {
         self.counts[index(v)] += 1;
         self.total += 1;
         self.max = self.max.max(v);
     }
 
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.total
     }
 
-    pub fn max(&self) -> u64 {
+    pub(crate) fn max(&self) -> u64 {
         self.max
     }
 
     /// The value at quantile `q` (0..=1), or `None` when empty.
-    pub fn quantile(&self, q: f64) -> Option<u64> {
+    pub(crate) fn quantile(&self, q: f64) -> Option<u64> {
         if self.total == 0 {
             return None;
         }
@@ -77,15 +77,7 @@ impl Histogram {
         Some(self.max)
     }
 
-    pub fn merge(&mut self, o: &Histogram) {
-        for (a, b) in self.counts.iter_mut().zip(o.counts.iter()) {
-            *a += b;
-        }
-        self.total += o.total;
-        self.max = self.max.max(o.max);
-    }
-
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.counts.iter_mut().for_each(|c| *c = 0);
         self.total = 0;
         self.max = 0;
@@ -127,16 +119,6 @@ mod tests {
             let exact = vs[rank - 1] as f64;
             let got = h.quantile(q).unwrap() as f64;
             prop_assert!((got - exact).abs() <= exact * 0.032 + 1.0, "q {} exact {} got {}", q, exact, got);
-        }
-
-        #[test]
-        fn merge_equals_recording_both(a in proptest::collection::vec(0u64..1_000_000, 0..100), b in proptest::collection::vec(0u64..1_000_000, 0..100)) {
-            let (mut x, mut y, mut both) = (Histogram::default(), Histogram::default(), Histogram::default());
-            for v in &a { x.record(*v); both.record(*v); }
-            for v in &b { y.record(*v); both.record(*v); }
-            x.merge(&y);
-            prop_assert_eq!(x.count(), both.count());
-            for q in [0.0, 0.5, 0.9, 0.99, 1.0] { prop_assert_eq!(x.quantile(q), both.quantile(q)); }
         }
     }
 }

@@ -15,12 +15,12 @@
 //! (the orders API client).
 
 pub mod config;
-pub mod faults;
-pub mod histogram;
+pub(crate) mod faults;
+pub(crate) mod histogram;
 pub mod links;
-pub mod motion;
-pub mod orders;
-pub mod phone;
+pub(crate) mod motion;
+pub(crate) mod orders;
+pub(crate) mod phone;
 pub mod report;
 pub mod watchers;
 

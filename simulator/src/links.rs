@@ -17,7 +17,7 @@ use tokio_util::task::TaskTracker;
 pub use courier_wire::mqtt::no_delay;
 
 /// One open (or opening) MQTT connection.
-pub struct Link {
+pub(crate) struct Link {
     pub client: AsyncClient,
     /// Dropped with the link: the event-loop task ends at once, without DISCONNECT.
     _kill: oneshot::Sender<()>,
@@ -25,7 +25,7 @@ pub struct Link {
 
 /// What every connection of one simulator shares.
 #[derive(Clone)]
-pub struct Opener {
+pub(crate) struct Opener {
     /// Connection `n` goes to `endpoints[n % len]`.
     pub endpoints: Arc<Vec<MqttEndpoint>>,
     pub stats: Arc<SimStats>,
@@ -41,14 +41,14 @@ pub type CourierLogin = Arc<dyn Fn(&str) -> String + Send + Sync>;
 
 impl Opener {
     /// The address connection `n` goes to.
-    pub fn endpoint(&self, n: usize) -> &MqttEndpoint {
+    pub(crate) fn endpoint(&self, n: usize) -> &MqttEndpoint {
         &self.endpoints[n % self.endpoints.len()]
     }
 
     /// Opens connection number `n` (see [`Opener::endpoint`]); `i` only goes into its client
     /// id. `will` is the courier whose Last Will it carries. `capacity` bounds its request
     /// queue.
-    pub fn open(&self, i: usize, n: usize, will: Option<&str>, capacity: usize) -> Link {
+    pub(crate) fn open(&self, i: usize, n: usize, will: Option<&str>, capacity: usize) -> Link {
         let endpoint = self.endpoint(n);
         let mut o = courier_wire::mqtt::options(
             endpoint,

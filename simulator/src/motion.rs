@@ -13,25 +13,26 @@ pub struct BBox {
 
 impl BBox {
     /// The reference article's Riyadh rectangle.
-    pub const RIYADH: BBox = BBox {
+    pub(crate) const RIYADH: BBox = BBox {
         lat_min: 24.60,
         lat_max: 24.85,
         lon_min: 46.55,
         lon_max: 46.85,
     };
 
-    pub fn contains(&self, lat: f64, lon: f64) -> bool {
+    #[cfg(test)]
+    fn contains(&self, lat: f64, lon: f64) -> bool {
         (self.lat_min..=self.lat_max).contains(&lat) && (self.lon_min..=self.lon_max).contains(&lon)
     }
 }
 
 /// About 30 km/h.
-pub const SPEED_M_PER_S: f64 = 30_000.0 / 3600.0;
+pub(crate) const SPEED_M_PER_S: f64 = 30_000.0 / 3600.0;
 const M_PER_DEG_LAT: f64 = 111_320.0;
 
 /// One courier's position, heading, phone clock of the last point and seq.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Courier {
+pub(crate) struct Courier {
     pub lat: f64,
     pub lon: f64,
     /// Radians, 0 = north.
@@ -41,7 +42,7 @@ pub struct Courier {
 }
 
 impl Courier {
-    pub fn new(bbox: BBox, rng: &mut impl Rng, now: f64) -> Self {
+    pub(crate) fn new(bbox: BBox, rng: &mut impl Rng, now: f64) -> Self {
         Courier {
             lat: rng.random_range(bbox.lat_min..bbox.lat_max),
             lon: rng.random_range(bbox.lon_min..bbox.lon_max),
@@ -52,8 +53,10 @@ impl Courier {
     }
 
     /// Moves for the time since the last point, turning a little and bouncing off the box, and
-    /// makes the next point (seq + 1).
-    pub fn advance(&mut self, now: f64, rng: &mut impl Rng, bbox: BBox) -> &mut Self {
+    /// makes the next point (seq + 1). The phones use `travel` and [`payload`]; the tests here
+    /// walk a courier with this.
+    #[cfg(test)]
+    fn advance(&mut self, now: f64, rng: &mut impl Rng, bbox: BBox) -> &mut Self {
         self.travel(now, SPEED_M_PER_S, rng, bbox);
         self.seq += 1;
         self
@@ -61,7 +64,7 @@ impl Courier {
 
     /// Moves at `speed` (m/s; 0 = standing) for the time since `ts`, then sets `ts = now`;
     /// seq is unchanged (a phone that moves without sending).
-    pub fn travel(&mut self, now: f64, speed: f64, rng: &mut impl Rng, bbox: BBox) {
+    pub(crate) fn travel(&mut self, now: f64, speed: f64, rng: &mut impl Rng, bbox: BBox) {
         let dt = (now - self.ts).clamp(0.0, 60.0);
         self.ts = now.max(self.ts);
         if speed <= 0.0 || dt == 0.0 {
@@ -85,20 +88,21 @@ impl Courier {
     }
 
     /// `{"id","lat","lon","ts","seq"}` with the phone time to the millisecond, as apps send it.
-    pub fn payload(&self, id: &str) -> Vec<u8> {
+    #[cfg(test)]
+    fn payload(&self, id: &str) -> Vec<u8> {
         payload(id, self.lat, self.lon, self.ts, self.seq)
     }
 }
 
 /// Metres between two nearby points (equirectangular; exact enough within a city).
-pub fn distance_m(lat1: f64, lon1: f64, lat2: f64, lon2: f64) -> f64 {
+pub(crate) fn distance_m(lat1: f64, lon1: f64, lat2: f64, lon2: f64) -> f64 {
     let dy = (lat2 - lat1) * M_PER_DEG_LAT;
     let dx = (lon2 - lon1) * M_PER_DEG_LAT * ((lat1 + lat2) / 2.0).to_radians().cos();
     (dx * dx + dy * dy).sqrt()
 }
 
 /// A point payload: coordinates to 6 decimals (about 0.1 m), phone time to the millisecond.
-pub fn payload(id: &str, lat: f64, lon: f64, ts: f64, seq: u64) -> Vec<u8> {
+pub(crate) fn payload(id: &str, lat: f64, lon: f64, ts: f64, seq: u64) -> Vec<u8> {
     let mut f = ryu::Buffer::new();
     let mut out = Vec::with_capacity(96);
     out.extend_from_slice(b"{\"id\":\"");

@@ -20,7 +20,7 @@ const ATTEMPTS: u32 = 3;
 
 /// Where the orders API is and the key it wants.
 #[derive(Debug, Clone)]
-pub struct OrdersApi {
+pub(crate) struct OrdersApi {
     /// `http://host:port[/prefix]` without a trailing slash.
     base_url: String,
     /// `Bearer <SERVICE_KEY>`.
@@ -30,7 +30,7 @@ pub struct OrdersApi {
 
 /// What a customer needs to watch one order (the `tracking-token` answer).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
-pub struct Ticket {
+pub(crate) struct Ticket {
     pub token: String,
     pub topic: String,
     pub ws_url: String,
@@ -38,7 +38,7 @@ pub struct Ticket {
 
 impl OrdersApi {
     /// `base_url` is `http://host:port` with an optional path prefix.
-    pub fn new(base_url: &str, service_key: &str) -> Result<OrdersApi, SimError> {
+    pub(crate) fn new(base_url: &str, service_key: &str) -> Result<OrdersApi, SimError> {
         let base_url = check_base_url(base_url).map_err(SimError::Config)?;
         if service_key.is_empty() {
             return Err(SimError::Config(
@@ -53,13 +53,13 @@ impl OrdersApi {
     }
 
     /// The courier now carries the order.
-    pub async fn assign(&self, order: &str, courier: &str) -> Result<(), SimError> {
+    pub(crate) async fn assign(&self, order: &str, courier: &str) -> Result<(), SimError> {
         let body = serde_json::json!({ "courier_id": courier }).to_string();
         self.expect_ok("assign", order, body, None).await.map(drop)
     }
 
     /// A customer's tracking token for the order, with its topic and WebSocket URL.
-    pub async fn tracking_token(&self, order: &str) -> Result<Ticket, SimError> {
+    pub(crate) async fn tracking_token(&self, order: &str) -> Result<Ticket, SimError> {
         let a = self
             .expect_ok(
                 "tracking-token",
@@ -76,7 +76,7 @@ impl OrdersApi {
 
     /// Ends the order (`delivered`); a replay of the same key is answered alike, so a retry
     /// after a lost answer is safe.
-    pub async fn delivered(&self, order: &str) -> Result<(), SimError> {
+    pub(crate) async fn delivered(&self, order: &str) -> Result<(), SimError> {
         let key = format!("sim:{order}:delivered");
         self.expect_ok(
             "events",

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 /// What a courier is doing, which sets how often his phone checks its position.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Kind {
+pub(crate) enum Kind {
     /// Fixed profile: one point per interval, always.
     Fixed,
     ToRestaurant,
@@ -24,20 +24,20 @@ pub enum Kind {
 
 impl Kind {
     /// The kinds of a mix, in the order of [`crate::config::Mix::fractions`].
-    pub const MIX: [Kind; 4] = [
+    pub(crate) const MIX: [Kind; 4] = [
         Kind::ToRestaurant,
         Kind::ToCustomer,
         Kind::Available,
         Kind::OffShift,
     ];
 
-    pub fn delivering(self) -> bool {
+    pub(crate) fn delivering(self) -> bool {
         matches!(self, Kind::ToRestaurant | Kind::ToCustomer)
     }
 
     /// The kind of courier `i` of `n`: exact shares (within one courier) spread evenly over the
     /// ids, by a low-discrepancy sequence rather than blocks.
-    pub fn of(profile: &Profile, i: usize) -> Kind {
+    pub(crate) fn of(profile: &Profile, i: usize) -> Kind {
         match profile {
             Profile::Fixed { .. } => Kind::Fixed,
             Profile::Mix(m) => {
@@ -57,7 +57,7 @@ impl Kind {
 
 /// What the network edge must do for a phone, in order.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Open the courier's connection (with its Last Will `offline`).
     Connect,
     /// Lose the connection without a DISCONNECT, so the broker publishes the Last Will.
@@ -83,7 +83,7 @@ pub struct Counts {
 }
 
 impl Counts {
-    pub fn add(&mut self, o: &Counts) {
+    pub(crate) fn add(&mut self, o: &Counts) {
         self.buffered += o.buffered;
         self.buffer_dropped += o.buffer_dropped;
         self.flushed += o.flushed;
@@ -96,7 +96,7 @@ impl Counts {
 
 /// One courier's phone.
 #[derive(Debug, Clone)]
-pub struct Phone {
+pub(crate) struct Phone {
     pub id: String,
     /// Number of the courier in the run: his connection goes to address `n % addresses`. The
     /// run's number rather than an index within a shard, so the spread does not depend on
@@ -116,7 +116,7 @@ pub struct Phone {
 
 impl Phone {
     /// The phone of courier number `n` of the run, placed at random in the box at `now`.
-    pub fn new(
+    pub(crate) fn new(
         id: String,
         n: usize,
         kind: Kind,
@@ -147,13 +147,18 @@ impl Phone {
     }
 
     /// Sends at all?
-    pub fn active(&self) -> bool {
+    pub(crate) fn active(&self) -> bool {
         self.kind != Kind::OffShift
     }
 
     /// Shift start: the first wake comes after a random part of one period, so phones do not
     /// all send together. `None` for an off-shift courier.
-    pub fn start(&self, cfg: &SimConfig, rng: &mut impl Rng, out: &mut Vec<Action>) -> Option<f64> {
+    pub(crate) fn start(
+        &self,
+        cfg: &SimConfig,
+        rng: &mut impl Rng,
+        out: &mut Vec<Action>,
+    ) -> Option<f64> {
         if !self.active() {
             return None;
         }
@@ -174,7 +179,7 @@ impl Phone {
 
     /// Wakes the phone at `now` (unix seconds): pushes what to do into `out` and returns the
     /// seconds until the next wake.
-    pub fn wake(
+    pub(crate) fn wake(
         &mut self,
         now: f64,
         cfg: &SimConfig,
@@ -281,7 +286,7 @@ impl Phone {
 /// Points per second the configuration asks for, given how many couriers got each kind.
 /// Exact for the fixed profile; for the mix an estimate (moving couriers send at each check,
 /// standing ones at the heartbeat, checked at the next wake).
-pub fn expected_rate(cfg: &SimConfig, kinds: &[(Kind, usize)]) -> f64 {
+pub(crate) fn expected_rate(cfg: &SimConfig, kinds: &[(Kind, usize)]) -> f64 {
     kinds
         .iter()
         .map(|&(k, n)| {
@@ -305,7 +310,7 @@ pub fn expected_rate(cfg: &SimConfig, kinds: &[(Kind, usize)]) -> f64 {
 
 /// The couriers that get an order (indices), preferring those on a delivery without faults:
 /// a customer watches a courier who sends, so the delay is measured on a normal stream.
-pub fn pick_order_couriers(phones: &[(Kind, bool)], k: usize) -> Vec<usize> {
+pub(crate) fn pick_order_couriers(phones: &[(Kind, bool)], k: usize) -> Vec<usize> {
     let tiers: [&dyn Fn(Kind, bool) -> bool; 4] = [
         &|kind, faulty| (kind.delivering() || kind == Kind::Fixed) && !faulty,
         &|kind, faulty| kind != Kind::OffShift && !faulty,

@@ -45,29 +45,29 @@ pub struct SimStats {
 }
 
 impl SimStats {
-    pub fn add_counts(&self, c: &Counts) {
+    pub(crate) fn add_counts(&self, c: &Counts) {
         self.counts.lock().unwrap_or_else(|e| e.into_inner()).add(c);
     }
 
-    pub fn counts(&self) -> Counts {
+    pub(crate) fn counts(&self) -> Counts {
         self.counts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
 
-    pub fn connection_up(&self) {
+    pub(crate) fn connection_up(&self) {
         let now = self.connections_up.fetch_add(1, Relaxed) + 1;
         self.connections_max.fetch_max(now, Relaxed);
         self.connects.fetch_add(1, Relaxed);
     }
 
-    pub fn connection_down(&self) {
+    pub(crate) fn connection_down(&self) {
         self.connections_up.fetch_sub(1, Relaxed);
     }
 
     /// Records the delays (µs) of a batch of watcher updates.
-    pub fn record_delays(&self, us: &[u64]) {
+    pub(crate) fn record_delays(&self, us: &[u64]) {
         let mut d = self.delay.lock().unwrap_or_else(|e| e.into_inner());
         for &v in us {
             d.0.record(v);
@@ -77,14 +77,14 @@ impl SimStats {
     }
 
     /// The delay histogram of the last second, cleared for the next.
-    pub fn take_second(&self) -> Histogram {
+    pub(crate) fn take_second(&self) -> Histogram {
         let mut d = self.delay.lock().unwrap_or_else(|e| e.into_inner());
         let h = d.1.clone();
         d.1.clear();
         h
     }
 
-    pub fn delay_total(&self) -> Histogram {
+    pub(crate) fn delay_total(&self) -> Histogram {
         self.delay
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -109,7 +109,7 @@ pub struct Delay {
 }
 
 impl Delay {
-    pub fn of(h: &Histogram) -> Delay {
+    pub(crate) fn of(h: &Histogram) -> Delay {
         Delay {
             count: h.count(),
             p50_ms: ms(h.quantile(0.5)),
@@ -221,7 +221,7 @@ impl Report {
 }
 
 /// CPU seconds and peak RSS (KiB) of this process so far.
-pub fn own_usage() -> (f64, u64) {
+pub(crate) fn own_usage() -> (f64, u64) {
     // SAFETY: getrusage only writes into the struct handed to it.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {

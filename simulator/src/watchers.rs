@@ -54,7 +54,7 @@ pub enum Viewer {
 
 impl Assigner {
     /// `redis` or `orders_api`, for the progress line and the report.
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             Assigner::Redis { .. } => "redis",
             Assigner::Api { .. } => "orders_api",
@@ -86,7 +86,7 @@ impl Assigner {
     }
 
     /// Assigns every `(courier, order)` pair.
-    pub async fn assign(&self, pairs: &[(String, String)]) -> Result<(), SimError> {
+    pub(crate) async fn assign(&self, pairs: &[(String, String)]) -> Result<(), SimError> {
         if pairs.is_empty() {
             return Ok(());
         }
@@ -121,7 +121,7 @@ impl Assigner {
 
     /// Ends the orders: the API delivers them (failures are logged); Redis removes the pairs
     /// this run wrote (only where they still hold its order). Returns how many were ended.
-    pub async fn finish(&self, pairs: &[(String, String)]) -> Result<usize, SimError> {
+    pub(crate) async fn finish(&self, pairs: &[(String, String)]) -> Result<usize, SimError> {
         if pairs.is_empty() {
             return Ok(0);
         }
@@ -157,7 +157,7 @@ impl Assigner {
 
 impl Viewer {
     /// `broker` or `gateway`, for the progress line and the report.
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             Viewer::Broker { .. } => "broker",
             Viewer::Gateway => "gateway",
@@ -201,7 +201,7 @@ where
 }
 
 /// The `ts` of a `track/` payload.
-pub fn track_ts(payload: &[u8]) -> Option<f64> {
+pub(crate) fn track_ts(payload: &[u8]) -> Option<f64> {
     #[derive(serde::Deserialize)]
     struct Track {
         ts: f64,
@@ -214,12 +214,12 @@ pub fn track_ts(payload: &[u8]) -> Option<f64> {
 
 /// Delay in microseconds between a point's phone time and its receipt; clocks of one machine,
 /// and ts is rounded to the millisecond, so small negatives are rounding and count as 0.
-pub fn delay_us(received: f64, ts: f64) -> u64 {
+pub(crate) fn delay_us(received: f64, ts: f64) -> u64 {
     ((received - ts) * 1e6).round().max(0.0) as u64
 }
 
 /// Watches one order until `stop`; `ready` is cancelled once the subscription is granted.
-pub async fn watch(
+pub(crate) async fn watch(
     viewer: Viewer,
     assigner: Assigner,
     n: usize,
