@@ -4,7 +4,7 @@ use crate::DispatchError;
 use std::time::Duration;
 
 /// Most members one ring search looks at when stale couriers crowd it.
-pub const FETCH_MAX: usize = 4096;
+pub(crate) const FETCH_MAX: usize = 4096;
 
 /// "The `count` nearest couriers seen within `max_age` of (`lat`, `lon`)".
 #[derive(Debug, Clone, PartialEq)]
@@ -88,7 +88,11 @@ pub struct Nearest {
 
 /// Parses the script's reply `{ring, id, dist, seen, id, dist, seen, ...}` (strings, ring as
 /// an integer).
-pub fn parse_reply(ring: i64, rest: &[String], rings: usize) -> Result<Nearest, DispatchError> {
+pub(crate) fn parse_reply(
+    ring: i64,
+    rest: &[String],
+    rings: usize,
+) -> Result<Nearest, DispatchError> {
     if rest.len() % 3 != 0 {
         return Err(DispatchError::Reply(format!(
             "{} values after the ring, not triples",

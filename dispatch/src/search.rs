@@ -27,7 +27,7 @@ impl Dispatch {
         Ok(Dispatch::new(conn, keys))
     }
 
-    pub fn new(conn: RedisConn, keys: Keys) -> Dispatch {
+    pub(crate) fn new(conn: RedisConn, keys: Keys) -> Dispatch {
         Dispatch {
             conn,
             keys,

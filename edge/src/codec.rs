@@ -85,7 +85,7 @@ pub enum DecodeError {
 /// The whole size (fixed header included) of the packet at the start of `buf`, read from its
 /// fixed header: `Ok(None)` while the header is incomplete. Lets a reader refuse an oversize
 /// packet before buffering its body.
-pub fn announced_len(buf: &[u8]) -> Result<Option<usize>, DecodeError> {
+pub(crate) fn announced_len(buf: &[u8]) -> Result<Option<usize>, DecodeError> {
     let mut len = 0usize;
     for i in 0..4 {
         let Some(&b) = buf.get(1 + i) else {
@@ -100,7 +100,7 @@ pub fn announced_len(buf: &[u8]) -> Result<Option<usize>, DecodeError> {
 }
 
 /// The protocol level of a CONNECT at the start of `buf`: `Ok(None)` while incomplete.
-pub fn connect_level(buf: &[u8]) -> Result<Option<u8>, DecodeError> {
+pub(crate) fn connect_level(buf: &[u8]) -> Result<Option<u8>, DecodeError> {
     let Some(&first) = buf.first() else {
         return Ok(None);
     };
@@ -323,7 +323,7 @@ pub enum ConnectOutcome {
 
 /// What the CONNACK of an accepted MQTT 5 client announces.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Largest packet the server accepts.
     pub max_packet: Option<u32>,
     /// Highest QoS of a PUBLISH the server takes (1 for couriers).
@@ -338,7 +338,7 @@ pub fn connack(version: Version, outcome: ConnectOutcome) -> Bytes {
 }
 
 /// CONNACK announcing `limits` to an MQTT 5 client.
-pub fn connack_with(version: Version, outcome: ConnectOutcome, limits: Limits) -> Bytes {
+pub(crate) fn connack_with(version: Version, outcome: ConnectOutcome, limits: Limits) -> Bytes {
     match version {
         Version::V4 => write4(v4::Packet::ConnAck(v4::ConnAck::new(
             match outcome {
@@ -432,7 +432,7 @@ pub fn unsuback(version: Version, pkid: u16, n: usize) -> Bytes {
 /// How a QoS 1 PUBLISH is acknowledged. MQTT 3.1.1 has no refusal code: its PUBACK says only
 /// "received", and the edge closes the connection instead where MQTT 5 would refuse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ack {
+pub(crate) enum Ack {
     Taken,
     NotAuthorized,
     /// Over the courier's rate: dropped.
@@ -440,7 +440,7 @@ pub enum Ack {
 }
 
 /// PUBACK of a QoS 1 PUBLISH.
-pub fn puback(version: Version, pkid: u16, ack: Ack) -> Bytes {
+pub(crate) fn puback(version: Version, pkid: u16, ack: Ack) -> Bytes {
     match version {
         Version::V4 => write4(v4::Packet::PubAck(v4::PubAck::new(pkid))),
         Version::V5 => write5(v5::Packet::PubAck(v5::PubAck {

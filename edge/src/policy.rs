@@ -47,7 +47,7 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 14] = [
+    pub(crate) const ALL: [Refusal; 14] = [
         Refusal::BadToken,
         Refusal::ExpiredToken,
         Refusal::WrongCourier,
@@ -65,7 +65,7 @@ impl Refusal {
     ];
 
     /// The `reason` label.
-    pub fn reason(self) -> &'static str {
+    pub(crate) fn reason(self) -> &'static str {
         match self {
             Refusal::BadToken => "bad_token",
             Refusal::ExpiredToken => "expired_token",
@@ -87,7 +87,7 @@ impl Refusal {
 
 /// A courier whose CONNECT was accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Login {
+pub(crate) struct Login {
     pub courier: Box<str>,
     /// Token expiry, unix seconds: the session ends then.
     pub expires: u64,
@@ -98,7 +98,7 @@ pub struct Login {
 use bytes::Bytes;
 
 /// Checks a CONNECT: the courier's device token under his id, and his Will.
-pub fn connect(
+pub(crate) fn connect(
     keys: &Verifier,
     username: Option<&str>,
     password: Option<&str>,
@@ -151,7 +151,7 @@ pub enum Verdict {
 /// What a forwarded PUBLISH says about the courier's shift. Only his own explicit statuses
 /// count: the `offline` Will the edge publishes for a lost connection is not the end of a shift.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shift {
+pub(crate) enum Shift {
     /// A point: dropped at the door while he is off shift.
     Point,
     /// `online`: a shift starts (points go through again).
@@ -163,7 +163,7 @@ pub enum Shift {
 }
 
 /// The shift meaning of a PUBLISH that [`publish`] lets through.
-pub fn shift(p: &Publish) -> Shift {
+pub(crate) fn shift(p: &Publish) -> Shift {
     match parse_courier_topic(&p.topic) {
         Some(CourierTopic::Loc(_)) => Shift::Point,
         Some(CourierTopic::Status(_)) => match p.payload.trim_ascii() {
@@ -199,7 +199,7 @@ pub fn publish(me: &str, p: &Publish) -> Verdict {
 /// A token bucket: `rate` tokens a second up to `burst`; a point takes one. Generous defaults
 /// let a phone replay its offline backlog at once; a stolen token cannot flood the bus.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Bucket {
+pub(crate) struct Bucket {
     tokens: f32,
     /// Seconds (of the caller's clock) when `tokens` was last brought up to date.
     at: f64,
@@ -214,7 +214,7 @@ pub struct Rate {
 
 impl Bucket {
     /// A full bucket at time `now` (seconds).
-    pub fn full(rate: Rate, now: f64) -> Self {
+    pub(crate) fn full(rate: Rate, now: f64) -> Self {
         Bucket {
             tokens: rate.burst,
             at: now,
@@ -222,7 +222,7 @@ impl Bucket {
     }
 
     /// Takes one token at `now` (seconds, never going back): `false` when empty.
-    pub fn take(&mut self, rate: Rate, now: f64) -> bool {
+    pub(crate) fn take(&mut self, rate: Rate, now: f64) -> bool {
         let dt = (now - self.at).max(0.0) as f32;
         self.tokens = (self.tokens + dt * rate.per_second).min(rate.burst);
         self.at = now.max(self.at);

@@ -22,12 +22,12 @@ pub(crate) struct Kick {
 }
 
 impl Kick {
-    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+    pub(crate) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
         self.notify.notified()
     }
 
     /// Whether the edge is stopping (else: a takeover).
-    pub fn stopping(&self) -> bool {
+    pub(crate) fn stopping(&self) -> bool {
         self.why.load(Relaxed) == 1
     }
 
@@ -88,7 +88,14 @@ impl Registry {
 
     /// Registers connection `conn` as `courier`'s; returns `true` when it took over
     /// another connection (which is told through its `kick`).
-    pub fn claim(&self, courier: &str, conn: u64, kick: Arc<Kick>, rate: Rate, now: f64) -> bool {
+    pub(crate) fn claim(
+        &self,
+        courier: &str,
+        conn: u64,
+        kick: Arc<Kick>,
+        rate: Rate,
+        now: f64,
+    ) -> bool {
         debug_assert_ne!(conn, NO_CONN);
         let mut shard = self.shard(courier);
         match shard.get_mut(courier) {
@@ -122,7 +129,7 @@ impl Registry {
 
     /// Takes one message's token from `courier`'s bucket. A `point` of a courier off shift is
     /// refused before it takes a token.
-    pub fn take(&self, courier: &str, conn: u64, point: bool, rate: Rate, now: f64) -> Take {
+    pub(crate) fn take(&self, courier: &str, conn: u64, point: bool, rate: Rate, now: f64) -> Take {
         match self.shard(courier).get_mut(courier) {
             Some(e) if e.conn == conn => {
                 if point && e.off_shift {
@@ -138,7 +145,7 @@ impl Registry {
     }
 
     /// Records the courier's own `offline` (`true`) or `online` (`false`).
-    pub fn set_off_shift(&self, courier: &str, conn: u64, off: bool) {
+    pub(crate) fn set_off_shift(&self, courier: &str, conn: u64, off: bool) {
         if let Some(e) = self.shard(courier).get_mut(courier) {
             if e.conn == conn {
                 e.off_shift = off;
@@ -148,7 +155,7 @@ impl Registry {
 
     /// Forgets `courier` if `conn` is still his connection; an off-shift courier stays known
     /// (without a connection) so that he is still off shift when he comes back.
-    pub fn release(&self, courier: &str, conn: u64) {
+    pub(crate) fn release(&self, courier: &str, conn: u64) {
         let mut shard = self.shard(courier);
         match shard.get_mut(courier) {
             Some(e) if e.conn == conn && e.off_shift => {
@@ -163,7 +170,7 @@ impl Registry {
     }
 
     /// Tells every connected session that the edge is stopping.
-    pub fn stop_all(&self) {
+    pub(crate) fn stop_all(&self) {
         for shard in self.shards.iter() {
             let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
             for e in shard.values().filter(|e| e.conn != NO_CONN) {
@@ -174,7 +181,7 @@ impl Registry {
 
     /// Couriers connected.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.shards.iter().map(|s| s.lock().unwrap().len()).sum()
     }
 }

@@ -34,7 +34,7 @@ impl Queue {
     }
 
     /// Async form of [`Queue::blocking_recv_many`].
-    pub async fn recv_many(&mut self, out: &mut Vec<Message>, limit: usize) -> usize {
+    pub(crate) async fn recv_many(&mut self, out: &mut Vec<Message>, limit: usize) -> usize {
         let n = self.rx.recv_many(out, limit).await;
         self.depth.set(self.rx.len() as f64);
         n
@@ -46,7 +46,7 @@ impl Queue {
 /// Round robin per message let a later point (or the Will's `offline`) overtake an earlier one
 /// on the other connection: the earlier one was then stale, or the courier live again after
 /// his `offline`.
-pub fn connection_for(topic: &str, n: usize) -> usize {
+pub(crate) fn connection_for(topic: &str, n: usize) -> usize {
     use std::hash::{Hash, Hasher};
     let key = match courier_wire::parse_courier_topic(topic) {
         Some(courier_wire::CourierTopic::Loc(id) | courier_wire::CourierTopic::Status(id)) => id,
@@ -75,7 +75,12 @@ const KEEP_ALIVE: Duration = Duration::from_secs(30);
 /// loopback the bus's receive work too, on the edge's CPU), where this writes a batch of up to
 /// 512 queued messages at once. What is written by hand: connect and read the CONNACK, then
 /// PUBLISH QoS 0 batches, a PINGREQ every 15 s, reconnect after a failure.
-pub async fn mqtt(endpoint: MqttEndpoint, connections: usize, mut queue: Queue, stats: Arc<Stats>) {
+pub(crate) async fn mqtt(
+    endpoint: MqttEndpoint,
+    connections: usize,
+    mut queue: Queue,
+    stats: Arc<Stats>,
+) {
     let tasks = TaskTracker::new();
     let up = Arc::new(AtomicUsize::new(0));
     let mut lanes = Vec::with_capacity(connections);

@@ -42,7 +42,7 @@ const CHUNK: usize = 256;
 /// Plain TCP: waits for readiness with no buffer, then reads into one on the stack, so that an
 /// idle phone's task holds no read buffer at all. `poll_read_ready` rather than `readable()`:
 /// the latter's future carries its own waiter node (152 bytes here) in every idle task.
-pub struct Tcp(pub TcpStream);
+pub(crate) struct Tcp(pub TcpStream);
 
 impl Transport for Tcp {
     async fn read_into(&mut self, out: &mut BytesMut) -> io::Result<usize> {
@@ -70,7 +70,7 @@ impl Transport for Tcp {
 }
 
 /// A byte stream that needs a buffer to read into: TLS over TCP.
-pub struct Stream<T>(pub T);
+pub(crate) struct Stream<T>(pub T);
 
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync> Transport for Stream<T> {
     async fn read_into(&mut self, out: &mut BytesMut) -> io::Result<usize> {
@@ -91,12 +91,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync> Transport for Stream<T> {
 }
 
 /// MQTT over WebSocket: binary frames carry the MQTT bytes.
-pub struct Ws<S> {
+pub(crate) struct Ws<S> {
     ws: WebSocketStream<S>,
 }
 
 impl<S> Ws<S> {
-    pub fn new(ws: WebSocketStream<S>) -> Self {
+    pub(crate) fn new(ws: WebSocketStream<S>) -> Self {
         Ws { ws }
     }
 }
@@ -137,7 +137,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send + Sync> Transport for Ws<S> {
 }
 
 /// Small buffers: an edge holds tens of thousands of mostly idle connections.
-pub fn ws_config(max_packet: usize) -> WebSocketConfig {
+pub(crate) fn ws_config(max_packet: usize) -> WebSocketConfig {
     WebSocketConfig::default()
         .read_buffer_size(4096)
         .write_buffer_size(0)
@@ -148,7 +148,7 @@ pub fn ws_config(max_packet: usize) -> WebSocketConfig {
 /// The WebSocket handshake check: path `/mqtt`, subprotocol `mqtt` offered (and chosen). The
 /// large error type is tungstenite's callback signature.
 #[allow(clippy::result_large_err)]
-pub fn check_upgrade(req: &Request, mut resp: Response) -> Result<Response, ErrorResponse> {
+pub(crate) fn check_upgrade(req: &Request, mut resp: Response) -> Result<Response, ErrorResponse> {
     let refuse = |status: StatusCode, why: &str| {
         let mut r = ErrorResponse::new(Some(why.to_string()));
         *r.status_mut() = status;

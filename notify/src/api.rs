@@ -136,7 +136,7 @@ fn check_tenant(t: &str) -> Result<(), Refused> {
 }
 
 /// An endpoint URL: absolute `http`/`https` with a host, no credentials, at most 2 KiB.
-pub fn check_url(url: &str) -> Result<(), &'static str> {
+pub(crate) fn check_url(url: &str) -> Result<(), &'static str> {
     if url.len() > 2048 {
         return Err("url is longer than 2048 bytes");
     }

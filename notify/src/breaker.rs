@@ -16,7 +16,7 @@ use std::time::Duration;
 
 /// The breaker settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Breaker {
+pub(crate) struct Breaker {
     /// Consecutive failed attempts that open it.
     pub open_after: u32,
     /// How long it stays open before a probe.
@@ -25,14 +25,14 @@ pub struct Breaker {
 
 /// The endpoint row's new breaker fields after one attempt.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct After {
+pub(crate) struct After {
     pub failures: u32,
     /// `Some(d)`: open for `d` from now.
     pub open_for: Option<Duration>,
 }
 
 impl Breaker {
-    pub fn after(&self, failures_before: u32, succeeded: bool) -> After {
+    pub(crate) fn after(&self, failures_before: u32, succeeded: bool) -> After {
         if succeeded {
             return After {
                 failures: 0,
@@ -48,7 +48,7 @@ impl Breaker {
 
     /// Whether a dispatcher should send only one probe to an endpoint with this many failures
     /// (the claim query's rule, written here to be tested).
-    pub fn probing(&self, failures: u32) -> bool {
+    pub(crate) fn probing(&self, failures: u32) -> bool {
         failures >= self.open_after
     }
 }

@@ -132,7 +132,7 @@ impl NotifyConfig {
     }
 
     /// The kinds notices are made for: none without a provider.
-    pub fn notice_kinds(&self) -> &[String] {
+    pub(crate) fn notice_kinds(&self) -> &[String] {
         if self.push_url.is_some() {
             &self.push_kinds
         } else {
@@ -140,7 +140,7 @@ impl NotifyConfig {
         }
     }
 
-    pub fn policy(&self) -> Policy {
+    pub(crate) fn policy(&self) -> Policy {
         Policy {
             base: self.retry_base,
             max_delay: self.retry_max_delay,
@@ -149,7 +149,7 @@ impl NotifyConfig {
         }
     }
 
-    pub fn breaker(&self) -> Breaker {
+    pub(crate) fn breaker(&self) -> Breaker {
         Breaker {
             open_after: self.breaker_failures,
             open_for: self.breaker_open,

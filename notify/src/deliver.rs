@@ -29,13 +29,13 @@ use tokio_util::sync::CancellationToken;
 
 type Https = hyper_rustls::HttpsConnector<HttpConnector>;
 /// The webhook HTTP client: pooled, HTTP/1.1, `http://` and `https://` (the system's roots).
-pub type HttpClient = Client<Https, Full<Bytes>>;
+pub(crate) type HttpClient = Client<Https, Full<Bytes>>;
 
 /// Answers larger than this are not read to the end (the status is what counts).
 const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// A client for webhook deliveries.
-pub fn http_client() -> Result<HttpClient, std::io::Error> {
+pub(crate) fn http_client() -> Result<HttpClient, std::io::Error> {
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_native_roots()?
         .https_or_http()
@@ -48,7 +48,7 @@ pub fn http_client() -> Result<HttpClient, std::io::Error> {
 
 /// What one attempt got back.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Answer {
+pub(crate) enum Answer {
     Status {
         code: u16,
         retry_after: Option<Duration>,
@@ -58,7 +58,13 @@ pub enum Answer {
 }
 
 /// The outcome of an attempt (`unit`: a random number in [0, 1) for the jitter).
-pub fn decide(answer: &Answer, c: &Claimed, policy: &Policy, now: f64, unit: f64) -> Outcome {
+pub(crate) fn decide(
+    answer: &Answer,
+    c: &Claimed,
+    policy: &Policy,
+    now: f64,
+    unit: f64,
+) -> Outcome {
     let (status, retry_after, error) = match answer {
         Answer::Status { code, .. } if (200..300).contains(code) => {
             return Outcome::Delivered { status: *code }
@@ -86,7 +92,7 @@ fn unix_now() -> f64 {
 }
 
 /// One POST of one delivery.
-pub async fn attempt(http: &HttpClient, c: &Claimed, timeout: Duration) -> Answer {
+pub(crate) async fn attempt(http: &HttpClient, c: &Claimed, timeout: Duration) -> Answer {
     let msg = match sign::message(&c.secret, &c.event, unix_now() as i64) {
         Ok(m) => m,
         Err(_) => return Answer::Failed("the endpoint's secret is unusable".into()),
@@ -101,7 +107,7 @@ pub async fn attempt(http: &HttpClient, c: &Claimed, timeout: Duration) -> Answe
 
 /// POSTs a JSON body with `headers` and reads the answer's status and `Retry-After`, all
 /// within `timeout`.
-pub async fn post(
+pub(crate) async fn post(
     http: &HttpClient,
     url: &str,
     headers: &[(&'static str, String)],

@@ -22,7 +22,7 @@ impl From<tokio_postgres::Error> for NotifyError {
 
 impl NotifyError {
     /// True when the same call may succeed later.
-    pub fn is_retryable(&self) -> bool {
+    pub(crate) fn is_retryable(&self) -> bool {
         match self {
             NotifyError::Redis(e) => {
                 e.is_io_error()

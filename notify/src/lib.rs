@@ -14,17 +14,17 @@
 //! `outbox` (PostgreSQL), `deliver` (HTTP) and `api` are the edges; `events` counts. Every
 //! part is safe to run in several processes at once.
 
-pub mod api;
-pub mod breaker;
+pub(crate) mod api;
+pub(crate) mod breaker;
 pub mod config;
-pub mod deliver;
+pub(crate) mod deliver;
 pub mod error;
 pub mod events;
-pub mod outbox;
-pub mod push;
-pub mod retry;
-pub mod sign;
-pub mod source;
+pub(crate) mod outbox;
+pub(crate) mod push;
+pub(crate) mod retry;
+pub(crate) mod sign;
+pub(crate) mod source;
 
 pub use config::NotifyConfig;
 pub use error::NotifyError;

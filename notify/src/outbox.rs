@@ -9,7 +9,7 @@ use tokio_postgres::{Client, GenericClient};
 
 /// What one relay batch did to the outbox.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Recorded {
+pub(crate) struct Recorded {
     /// New events (their keys were not in the outbox yet).
     pub events: u64,
     /// Deliveries created for them (one per subscribed endpoint).
@@ -22,7 +22,7 @@ pub struct Recorded {
 /// an event already recorded (same dedupe key: the relay handed it twice) is skipped with its
 /// deliveries and notices. An endpoint (a device) gets the events recorded after its
 /// registration; `push_kinds` empty: no notices. Returns the new keys too.
-pub async fn record(
+pub(crate) async fn record(
     db: &impl GenericClient,
     events: &[StreamEvent],
     push_kinds: &[String],
@@ -76,7 +76,7 @@ pub async fn record(
 
 /// One delivery a dispatcher claimed.
 #[derive(Debug, Clone)]
-pub struct Claimed {
+pub(crate) struct Claimed {
     pub delivery_id: i64,
     /// Attempts made, this one included.
     pub attempts: u32,
@@ -96,7 +96,7 @@ pub struct Claimed {
 /// other process probes it too. `FOR UPDATE SKIP LOCKED`: processes claiming at once get
 /// different rows. Both queries walk an index in due order and stop at `limit`: the cost of a
 /// claim does not grow with the backlog.
-pub async fn claim(
+pub(crate) async fn claim(
     db: &mut Client,
     limit: usize,
     lease: Duration,
@@ -193,7 +193,10 @@ pub async fn claim(
 
 /// Stores many delivered attempts at once (the common case: one statement for a round's
 /// successes) and closes their endpoints' breakers.
-pub async fn delivered(db: &Client, done: &[(i64, i64, u16)]) -> Result<(), tokio_postgres::Error> {
+pub(crate) async fn delivered(
+    db: &Client,
+    done: &[(i64, i64, u16)],
+) -> Result<(), tokio_postgres::Error> {
     if done.is_empty() {
         return Ok(());
     }
@@ -220,7 +223,7 @@ pub async fn delivered(db: &Client, done: &[(i64, i64, u16)]) -> Result<(), toki
 
 /// The end of one attempt, as stored.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     Delivered {
         status: u16,
     },
@@ -236,7 +239,7 @@ pub enum Outcome {
 }
 
 /// Stores an attempt's outcome and the endpoint's breaker in one transaction.
-pub async fn complete(
+pub(crate) async fn complete(
     db: &mut Client,
     c: &Claimed,
     outcome: &Outcome,
@@ -297,7 +300,7 @@ pub async fn complete(
 
 /// A registered endpoint, as listed (never its secret).
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     pub id: i64,
     pub tenant: String,
     pub url: String,
@@ -308,7 +311,7 @@ pub struct Endpoint {
     pub open_until: Option<f64>,
 }
 
-pub async fn create_endpoint(
+pub(crate) async fn create_endpoint(
     db: &Client,
     tenant: &str,
     url: &str,
@@ -325,7 +328,10 @@ pub async fn create_endpoint(
     Ok(r.get(0))
 }
 
-pub async fn endpoints(db: &Client, tenant: &str) -> Result<Vec<Endpoint>, tokio_postgres::Error> {
+pub(crate) async fn endpoints(
+    db: &Client,
+    tenant: &str,
+) -> Result<Vec<Endpoint>, tokio_postgres::Error> {
     let rows = db
         .query(
             "SELECT id, tenant, url, kinds, extract(epoch FROM created_at)::float8, failures,
@@ -349,7 +355,7 @@ pub async fn endpoints(db: &Client, tenant: &str) -> Result<Vec<Endpoint>, tokio
 }
 
 /// Disables an endpoint of `tenant`: no new deliveries, pending ones are not attempted.
-pub async fn disable_endpoint(
+pub(crate) async fn disable_endpoint(
     db: &Client,
     tenant: &str,
     id: i64,
@@ -366,7 +372,7 @@ pub async fn disable_endpoint(
 
 /// A delivery given up on.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct DeadLetter {
+pub(crate) struct DeadLetter {
     pub delivery_id: i64,
     pub endpoint_id: i64,
     pub webhook_id: String,
@@ -379,7 +385,7 @@ pub struct DeadLetter {
     pub dead_at: Option<f64>,
 }
 
-pub async fn dead_letters(
+pub(crate) async fn dead_letters(
     db: &Client,
     tenant: &str,
     limit: i64,
@@ -414,7 +420,7 @@ pub async fn dead_letters(
 
 /// Puts a dead letter of `tenant` back in line, as new (attempts and age from zero); the
 /// `webhook-id` stays, so a consumer that did get it dedupes.
-pub async fn replay(
+pub(crate) async fn replay(
     db: &Client,
     tenant: &str,
     delivery: i64,
@@ -433,7 +439,7 @@ pub async fn replay(
 
 /// Deletes what is past its keeping time (notices with deliveries); returns (deliveries and
 /// notices, events) deleted.
-pub async fn prune(
+pub(crate) async fn prune(
     db: &Client,
     keep_delivered: Duration,
     keep_dead: Duration,
@@ -465,7 +471,7 @@ pub async fn prune(
 }
 
 /// (pending deliveries, age in s of the oldest pending one's event, dead letters, open breakers)
-pub async fn figures(db: &Client) -> Result<(i64, f64, i64, i64), tokio_postgres::Error> {
+pub(crate) async fn figures(db: &Client) -> Result<(i64, f64, i64, i64), tokio_postgres::Error> {
     let r = db
         .query_one(
             "SELECT
@@ -483,7 +489,7 @@ pub async fn figures(db: &Client) -> Result<(i64, f64, i64, i64), tokio_postgres
 
 /// A push notice a dispatcher claimed.
 #[derive(Debug, Clone)]
-pub struct ClaimedNotice {
+pub(crate) struct ClaimedNotice {
     pub notice_id: i64,
     pub attempts: u32,
     pub first_attempt_at: f64,
@@ -496,7 +502,7 @@ pub struct ClaimedNotice {
 }
 
 /// Claims up to `limit` due push notices for `lease`, as [`claim`] does deliveries.
-pub async fn claim_notices(
+pub(crate) async fn claim_notices(
     db: &Client,
     limit: usize,
     lease: Duration,
@@ -536,7 +542,7 @@ pub async fn claim_notices(
 
 /// The end of one push attempt, as stored.
 #[derive(Debug, Clone, PartialEq)]
-pub enum NoticeOutcome {
+pub(crate) enum NoticeOutcome {
     Sent {
         status: u16,
     },
@@ -558,7 +564,7 @@ pub enum NoticeOutcome {
     Skipped,
 }
 
-pub async fn complete_notice(
+pub(crate) async fn complete_notice(
     db: &mut Client,
     n: &ClaimedNotice,
     outcome: &NoticeOutcome,
@@ -610,7 +616,7 @@ pub async fn complete_notice(
 }
 
 /// Registers a customer's device token for one order of `tenant` (again: the same row).
-pub async fn register_device(
+pub(crate) async fn register_device(
     db: &Client,
     tenant: &str,
     order: &str,
@@ -628,7 +634,7 @@ pub async fn register_device(
 }
 
 /// The notices of one order of `tenant`: (device id, kind, state, attempts).
-pub async fn notices(
+pub(crate) async fn notices(
     db: &Client,
     tenant: &str,
     order: &str,

@@ -42,7 +42,7 @@ struct Data<'a> {
 }
 
 /// What the customer reads, per kind (no place, no courier name).
-pub fn text(kind: &str) -> (&'static str, &'static str) {
+pub(crate) fn text(kind: &str) -> (&'static str, &'static str) {
     match kind {
         "order.assigned" => ("Courier assigned", "A courier is on your order."),
         "order.picked_up" => ("On its way", "The courier has picked up your order."),
@@ -56,7 +56,7 @@ pub fn text(kind: &str) -> (&'static str, &'static str) {
 }
 
 /// The provider request of one notice.
-pub fn message(n: &ClaimedNotice) -> Vec<u8> {
+pub(crate) fn message(n: &ClaimedNotice) -> Vec<u8> {
     let (title, body) = text(&n.kind);
     serde_json::to_vec(&Body {
         to: &n.token,
@@ -73,7 +73,7 @@ pub fn message(n: &ClaimedNotice) -> Vec<u8> {
 }
 
 /// The outcome of a push attempt (`unit`: random in [0, 1) for the jitter).
-pub fn decide(
+pub(crate) fn decide(
     answer: &Answer,
     n: &ClaimedNotice,
     policy: &Policy,

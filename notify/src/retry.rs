@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 /// The retry settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Policy {
+pub(crate) struct Policy {
     pub base: Duration,
     pub max_delay: Duration,
     pub give_up_after: Duration,
@@ -23,7 +23,7 @@ pub struct Policy {
 
 /// What follows a failed attempt.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Next {
+pub(crate) enum Next {
     Retry(Duration),
     Dead,
 }
@@ -31,7 +31,7 @@ pub enum Next {
 impl Policy {
     /// `attempts`: attempts made so far, this one included (>= 1); `age`: time since the first
     /// attempt; `unit`: a random number in `[0, 1)`.
-    pub fn after_failure(
+    pub(crate) fn after_failure(
         &self,
         attempts: u32,
         age: Duration,
@@ -61,7 +61,7 @@ impl Policy {
 }
 
 /// A `Retry-After` header (RFC 9110): delta-seconds or an HTTP date. Nonsense is ignored.
-pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+pub(crate) fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let v = value.trim();
     if let Ok(s) = v.parse::<u64>() {
         return Some(Duration::from_secs(s));

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 /// One event as the outbox holds it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Event {
+pub(crate) struct Event {
     /// The outbox row id.
     pub id: i64,
     pub kind: String,
@@ -30,7 +30,7 @@ pub struct Event {
 
 /// The headers and body of one attempt.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Message {
+pub(crate) struct Message {
     pub id: String,
     pub timestamp: i64,
     pub signature: String,
@@ -53,7 +53,7 @@ struct Data<'a> {
 }
 
 /// A new endpoint secret.
-pub fn new_secret() -> String {
+pub(crate) fn new_secret() -> String {
     let mut key = [0u8; 32];
     rand::rng().fill_bytes(&mut key);
     format!(
@@ -63,7 +63,7 @@ pub fn new_secret() -> String {
 }
 
 /// The webhook id of an event: stable across retries.
-pub fn message_id(event_id: i64) -> String {
+pub(crate) fn message_id(event_id: i64) -> String {
     format!("evt_{event_id}")
 }
 
@@ -74,7 +74,7 @@ fn rfc3339(unix: f64) -> String {
 }
 
 /// The body of an event.
-pub fn body(e: &Event) -> Vec<u8> {
+pub(crate) fn body(e: &Event) -> Vec<u8> {
     serde_json::to_vec(&Body {
         kind: &e.kind,
         timestamp: rfc3339(e.occurred_at),
@@ -89,7 +89,7 @@ pub fn body(e: &Event) -> Vec<u8> {
 
 /// Signs one attempt at `now` (unix seconds). Fails only on a malformed secret, which the API
 /// never stores.
-pub fn message(
+pub(crate) fn message(
     secret: &str,
     e: &Event,
     now: i64,

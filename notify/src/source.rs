@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 /// One event as the stream holds it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct StreamEvent {
+pub(crate) struct StreamEvent {
     /// The stream entry id (acknowledged once recorded).
     pub entry: String,
     pub kind: String,
@@ -46,7 +46,7 @@ fn text(e: &StreamId, field: &str) -> Option<String> {
 
 /// An entry's fields, or why it is unusable (every field is written by `emit.lua`, so this is
 /// a foreign or corrupted entry).
-pub fn parse(e: &StreamId) -> Result<StreamEvent, &'static str> {
+pub(crate) fn parse(e: &StreamId) -> Result<StreamEvent, &'static str> {
     let need = |f| text(e, f).filter(|v| !v.is_empty()).ok_or("missing field");
     let at: f64 = need("at")?.parse().map_err(|_| "bad time")?;
     if !at.is_finite() || at <= 0.0 {
