@@ -21,7 +21,7 @@
 //! WebSocket figure, 3000 each; 0 skips). `cargo test` runs nothing here.
 
 mod common;
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use common::{free_addr, metric, scrape, spawn, wait_port, Proc};

@@ -8,7 +8,7 @@
 //! FANOUT_BENCH_VIEWERS (20000: capped by the open-file limit of one process),
 //! FANOUT_BENCH_RATE (10000 points/s), FANOUT_BENCH_ORDERS (1000), FANOUT_BENCH_SECONDS (10).
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 mod common;

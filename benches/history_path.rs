@@ -8,7 +8,7 @@
 //! HISTORY_BENCH_CLIENTS (writer MQTT clients, default 1), HISTORY_BENCH_WRITERS (COPY
 //! connections, default 2).
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 mod common;

@@ -8,7 +8,7 @@
 //! `./dev services env`). Knobs: NOTIFY_BENCH_EVENTS (default 20000), NOTIFY_BENCH_CONCURRENCY
 //! (attempts in flight, default 64).
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 mod common;

@@ -8,7 +8,7 @@
 //! PRIVACY_BENCH_ROUNDS (default 3), PRIVACY_BENCH_OTHERS (other couriers with the same 30 days
 //! beside the erased one, default 4).
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 mod common;

@@ -7,7 +7,7 @@ use courier_wire::{Keys, RedisConn, RedisOptions, RedisTarget};
 
 /// Answers dispatch queries on one multiplexed connection (cheap to clone; queries from many
 /// tasks share it). A [`RedisConn`]: after Redis restarts, the next queries reconnect (a plain
-/// multiplexed connection answered "broken pipe" for good: tests/faults.rs); on a cluster the
+/// multiplexed connection answered "broken pipe" for good: tests/it/faults.rs); on a cluster the
 /// script goes to the slot of its first key, the live index (both keys share the prefix's tag).
 #[derive(Clone)]
 pub struct Dispatch {

@@ -241,7 +241,7 @@ async fn call_with_retry(
                 tracing::warn!(error = %e, "batch script failed; retrying");
                 tokio::time::sleep(backoff).await;
                 // At most 250 ms between tries: once Redis is back, the live index must be whole
-                // again within one send interval (tests/faults.rs), not a second later.
+                // again within one send interval (tests/it/faults.rs), not a second later.
                 backoff = (backoff * 2).min(Duration::from_millis(250));
             }
         }

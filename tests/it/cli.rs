@@ -1,7 +1,7 @@
 //! The binary as users and scripts see it: help, configuration errors, and `run` end to end
 //! with a graceful SIGTERM.
 
-mod support;
+use crate::support;
 
 /// The point `run` is sent (see the log check).
 const LAT: f64 = 24.7135791;

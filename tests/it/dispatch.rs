@@ -1,7 +1,7 @@
 //! The dispatch query against real Redis: rings widen until enough couriers are found, nearest
 //! first, silent couriers skipped, ANY for hot spots. Each test has its own key prefix.
 
-mod support;
+use crate::support;
 
 use courier_wire::Keys;
 use dispatch::{bench, Dispatch, Query};

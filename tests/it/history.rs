@@ -2,7 +2,7 @@
 //! the connection's search_path; the outage test on a throwaway cluster it starts and stops),
 //! real Redis and a real broker over real sockets.
 
-mod support;
+use crate::support;
 
 use courier_auth::{Audience, Claims};
 use courier_wire::{loc_topic, Keys, Validation};

@@ -3,9 +3,8 @@
 //! webhooks to a real local HTTP receiver that fails on purpose. Signatures are checked with
 //! the Standard Webhooks specification's own library, as a consumer would.
 
-#[path = "../benches/common/mod.rs"]
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};

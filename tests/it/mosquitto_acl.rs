@@ -4,7 +4,7 @@
 //! is not listed for. Couriers and customers never reach this broker (they connect to the edge);
 //! these tests play an attacker holding a valid-but-wrong service credential.
 
-mod support;
+use crate::support;
 
 use courier_wire::topic::{loc_filter, status_filter};
 use courier_wire::{loc_topic, status_topic, track_topic, Keys, MqttEndpoint};

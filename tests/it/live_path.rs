@@ -4,7 +4,7 @@
 //! workers read the bus over real sockets into real Redis. Each test has its own bus, edge,
 //! ports and key prefix.
 
-mod support;
+use crate::support;
 
 use courier_wire::{loc_topic, status_topic, Invalid, Keys};
 use edge::Refusal;

@@ -6,9 +6,8 @@
 //! city is in its one slot; and the scripts survive a SCRIPT FLUSH (NOSCRIPT, as on a node
 //! that restarted empty).
 
-#[path = "../benches/common/mod.rs"]
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use common::Proc;
 use courier_wire::{Keys, MqttEndpoint};

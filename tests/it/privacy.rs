@@ -3,7 +3,7 @@
 //! the partition drop that waits for them, erasure and a courier's own trail tried as an
 //! attacker would (valid tokens of the wrong audience or the wrong courier), audit retention.
 
-mod support;
+use crate::support;
 
 use courier_auth::{Audience, Claims};
 use courier_wire::Keys;

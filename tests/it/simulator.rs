@@ -2,7 +2,7 @@
 //! Last Will, watchers measuring the phone-to-viewer delay (on the broker, and through the
 //! orders API and the viewer gateway as customers do), faults reaching the pipeline.
 
-mod support;
+use crate::support;
 
 use courier_wire::{Invalid, Keys};
 use simulator::watchers::{Assigner, Viewer};

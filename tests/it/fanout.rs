@@ -2,7 +2,7 @@
 //! WebSocket viewers (rumqttc as MQTT 3.1.1 and as MQTT 5) over sockets. Each test has its own
 //! broker, ports and key prefix.
 
-mod support;
+use crate::support;
 
 use courier_auth::Claims;
 use courier_wire::{loc_topic, track_topic, Keys};

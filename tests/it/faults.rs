@@ -9,9 +9,8 @@
 //!
 //! The Redis Cluster failovers start a cluster of their own (`./dev cluster up`, free ports).
 
-#[path = "../benches/common/mod.rs"]
-mod common;
-mod support;
+use crate::common;
+use crate::support;
 
 use common::Proc;
 use courier_wire::{Keys, MqttEndpoint, RedisTarget};

@@ -4,7 +4,7 @@
 //! refusal is checked for what leaked or moved: a spy with a service login subscribed to `#` on
 //! the bus sees everything that got through, and Redis shows who moved.
 
-mod support;
+use crate::support;
 
 use courier_auth::{Audience, Claims, KeySet, SigningKey};
 use courier_pipeline::broker;

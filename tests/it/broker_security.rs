@@ -1,9 +1,9 @@
 //! The embedded bus broker with logins and TLS: workers log in with a bus token under their
 //! own role, nobody else, not even a courier with his valid device token (couriers log in at the edge:
-//! tests/edge_security.rs); the TLS listener carries the same traffic, checked against a
+//! tests/it/edge_security.rs); the TLS listener carries the same traffic, checked against a
 //! throwaway certificate.
 
-mod support;
+use crate::support;
 
 use courier_auth::{Audience, Claims, SigningKey};
 use courier_pipeline::broker::{self, TlsListener};
