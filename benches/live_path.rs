@@ -17,7 +17,10 @@
 //! BENCH_ORDERS (share of couriers carrying an order with places, e.g. 0.2; default 0: each rate
 //! then runs three times: without orders, with orders (tracks), with orders that have places
 //! (tracks and arrival detection), so the rows show what each costs per point, and how many
-//! arrivals were detected).
+//! arrivals were detected), BENCH_LOAD (`sim`: the simulator, thousands of MQTT clients, as
+//! phones connect; `raw`: `common/raw_load.rs`, the same payloads as PUBLISH frames in large
+//! writes over BENCH_LOAD_CONNECTIONS plain TCP connections (default 4), so the load takes a
+//! small share of the cores; default `sim`). `sim_us` is the load's CPU per point either way.
 
 mod common;
 
@@ -163,7 +166,11 @@ fn main() {
     let ipid = ingest.0.id();
     let bpid = broker.0.id();
 
-    println!("live path: embedded rumqttd (own process) -> {workers} ingest worker(s) (one process: {ingest_bin}) -> Redis; simulator as load; {seconds} s per rate");
+    let load = match std::env::var("BENCH_LOAD").as_deref() {
+        Ok("raw") => "raw PUBLISH frames (benches/common/raw_load.rs)",
+        _ => "simulator",
+    };
+    println!("live path: embedded rumqttd (own process) -> {workers} ingest worker(s) (one process: {ingest_bin}) -> Redis; {load} as load; {seconds} s per rate");
     println!(
         "{:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>7} {:>8} {:>8} {:>10} {:>10} {:>10} {:>7} {:>9} {:>9} {:>9} {:>9}",
         "rate/s",
@@ -210,6 +217,20 @@ fn main() {
         hook.register(notify_http);
         p
     });
+    let raw = match std::env::var("BENCH_LOAD").as_deref() {
+        Ok("raw") => true,
+        Ok("sim") | Err(_) => false,
+        Ok(other) => panic!("BENCH_LOAD={other}: sim or raw"),
+    };
+    let raw_connections: usize = std::env::var("BENCH_LOAD_CONNECTIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
+    let raw_token = bus_key.sign(&courier_auth::Claims::bus(
+        "simulator",
+        courier_wire::clock::unix_now() as u64,
+        24 * 3600,
+    ));
     let step = |rate: u64, id_prefix: String, label: &str| {
         let hook0 = hook.count();
         let notify_cpu0 = notify_proc
@@ -231,32 +252,21 @@ fn main() {
         let script0 = common::redis_command_usec(&redis_url, "evalsha");
         let calls0 = metric(&before, "ingest_batch_size_count", "");
         let arrivals0 = metric(&before, "ingest_arrivals_total", "");
-        let sim = Command::new(BIN)
-            .args([
-                "simulate",
-                "--couriers",
-                &couriers.to_string(),
-                "--interval",
-                &format!("{interval}"),
-                "--connections",
-                "8",
-                "--seconds",
-                &seconds.to_string(),
-                "--id-prefix",
-                &id_prefix,
-            ])
-            .env("MQTT_URL", format!("mqtt://127.0.0.1:{mqtt}"))
-            .env("METRICS_LISTEN", "off")
-            .stderr(Stdio::null())
-            .output()
-            .unwrap();
-        let line = String::from_utf8_lossy(&sim.stdout);
-        let sent: f64 = line
-            .split("; sent ")
-            .nth(1)
-            .and_then(|r| r.split(' ').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0.0);
+        let (sent, raw_cpu) = if raw {
+            let s = common::raw_load::RawLoad {
+                addr: format!("127.0.0.1:{mqtt}"),
+                token: raw_token.clone(),
+                couriers,
+                rate,
+                seconds,
+                connections: raw_connections,
+                id_prefix: id_prefix.clone(),
+            }
+            .run();
+            (s.points as f64, s.cpu_seconds)
+        } else {
+            (simulate(couriers, interval, seconds, mqtt, &id_prefix), 0.0)
+        };
         // Let ingest drain: received stops moving.
         let mut last = -1.0;
         let mut text = metrics(ingest_metrics);
@@ -271,7 +281,7 @@ fn main() {
         }
         let cpu = common::cpu_seconds(ipid) - cpu0;
         let broker_cpu = common::cpu_seconds(bpid) - broker_cpu0;
-        let sim_cpu = common::reaped_children_cpu_seconds() - sim_cpu0;
+        let sim_cpu = common::reaped_children_cpu_seconds() - sim_cpu0 + raw_cpu;
         let redis_cpu = common::redis_cpu_seconds(&redis_url) - redis0;
         let script_us = common::redis_command_usec(&redis_url, "evalsha") - script0;
         let received = metric(&text, "ingest_messages_received_total", "") - rx0;
@@ -471,4 +481,33 @@ impl Hook {
             }
         }
     }
+}
+
+/// One simulator run against the broker; returns the points it says it sent.
+fn simulate(couriers: u64, interval: f64, seconds: u64, mqtt: u16, id_prefix: &str) -> f64 {
+    let sim = Command::new(BIN)
+        .args([
+            "simulate",
+            "--couriers",
+            &couriers.to_string(),
+            "--interval",
+            &format!("{interval}"),
+            "--connections",
+            "8",
+            "--seconds",
+            &seconds.to_string(),
+            "--id-prefix",
+            id_prefix,
+        ])
+        .env("MQTT_URL", format!("mqtt://127.0.0.1:{mqtt}"))
+        .env("METRICS_LISTEN", "off")
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    let line = String::from_utf8_lossy(&sim.stdout);
+    line.split("; sent ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0.0)
 }

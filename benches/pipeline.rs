@@ -17,7 +17,8 @@
 //! `run` with the single-node settings, ingest.group = history.group = ""; `edge` and
 //! `edge-single` are the same with the phones through `run`'s MQTT edge, one connection per
 //! courier, 10 points a second each, rate/10 couriers), PIPELINE_ORDERS (watched orders, 20),
-//! PIPELINE_WORKERS (ingest workers, 2), PIPELINE_TABLE (output file, default
+//! PIPELINE_WORKERS (ingest workers, 2), PIPELINE_INGEST_EXTRA (more `[ingest]` lines, `;` between
+//! them, e.g. `seen_every = "0s"`), PIPELINE_TABLE (output file, default
 //! <target dir>/pipeline-bench.md). Figures come only from the processes' /metrics and the
 //! simulator's --report JSON. Everything started is stopped by PID; keys live under a fresh
 //! prefix and are deleted. `cargo test` runs nothing here.
@@ -126,13 +127,16 @@ fn main() {
     for mode in modes.split(',').map(str::trim) {
         let prefix = format!("pb{:08x}:", rand::random::<u32>());
         let config = dir.join(format!("{mode}.toml"));
+        let extra = std::env::var("PIPELINE_INGEST_EXTRA")
+            .unwrap_or_default()
+            .replace(';', "\n");
         std::fs::write(
             &config,
             // `embedded-single`: the single-node settings (plain subscriptions, one client each).
             if mode.ends_with("-single") {
-                format!("[redis]\nkey_prefix = \"{prefix}\"\n\n[ingest]\nworkers = 1\ngroup = \"\"\nstatus_group = \"\"\n\n[history]\ngroup = \"\"\n")
+                format!("[redis]\nkey_prefix = \"{prefix}\"\n\n[ingest]\nworkers = 1\ngroup = \"\"\nstatus_group = \"\"\n{extra}\n\n[history]\ngroup = \"\"\n")
             } else {
-                format!("[redis]\nkey_prefix = \"{prefix}\"\n\n[ingest]\nworkers = {workers}\n")
+                format!("[redis]\nkey_prefix = \"{prefix}\"\n\n[ingest]\nworkers = {workers}\n{extra}\n")
             },
         )
         .unwrap();

@@ -2,6 +2,8 @@
 //! `/proc/<pid>`, Redis's own CPU from `INFO`.
 #![allow(dead_code)]
 
+pub mod raw_load;
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

@@ -42,6 +42,7 @@ impl Dispatch {
         let min_seen = now - q.max_age.as_secs_f64();
         let mut inv = self.script.key(&self.keys.live);
         inv.key(&self.keys.seen)
+            .key(&self.keys.seq)
             .arg(q.lon)
             .arg(q.lat)
             .arg(q.count)

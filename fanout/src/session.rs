@@ -404,7 +404,8 @@ impl<T: Transport> Session<'_, T> {
 
     /// The courier's last accepted location from `couriers:live` when this process has seen
     /// no point of the order yet (it started after the last one). Its time is the server's
-    /// receive time from `couriers:seen`.
+    /// receive time of that point: from the courier's seq state (`couriers:seen` is written
+    /// once per `ingest.seen_every` bucket, so its score may lag), else from `couriers:seen`.
     async fn last_position(&self) -> Option<Bytes> {
         let mut redis = self.gw.redis.clone();
         let keys = &self.gw.keys;
@@ -414,16 +415,21 @@ impl<T: Transport> Session<'_, T> {
             .arg(&self.courier)
             .cmd("ZSCORE")
             .arg(&keys.seen)
+            .arg(&self.courier)
+            .cmd("HGET")
+            .arg(&keys.seq)
             .arg(&self.courier);
-        let query = pipe.query_async::<(Vec<Option<(f64, f64)>>, Option<f64>)>(&mut redis);
+        let query =
+            pipe.query_async::<(Vec<Option<(f64, f64)>>, Option<f64>, Option<Vec<u8>>)>(&mut redis);
         match timeout(Duration::from_secs(1), query).await {
-            Ok(Ok((pos, seen))) => {
+            Ok(Ok((pos, seen, state))) => {
                 let (lon, lat) = pos.into_iter().next().flatten()?;
-                Some(Bytes::from(courier_wire::encode_track(
-                    lat,
-                    lon,
-                    seen.unwrap_or_else(unix_now),
-                )))
+                let at = state
+                    .and_then(|s| courier_wire::SeqState::decode(&s))
+                    .map(|s| s.server_ts)
+                    .or(seen)
+                    .unwrap_or_else(unix_now);
+                Some(Bytes::from(courier_wire::encode_track(lat, lon, at)))
             }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "last position lookup failed");

@@ -21,7 +21,10 @@
 //! `v1` is the script before the packed layout (`benches/v1.rs`: five ARGV strings per point,
 //! state as text); `current` is `src/script.lua` with `batch::script_call`; `places` is
 //! `current` with pickup and drop-off places on every order (50 km away, so no arrival fires):
-//! what reading the places and returning them costs (docs/events.md). Before the Redis rounds it
+//! what reading the places and returning them costs (docs/events.md); `bucketed` is `current`
+//! writing `seen` once per SCRIPT_BENCH_SEEN_EVERY seconds (5; `ingest.seen_every`) instead of
+//! for every point (how often a courier comes round is couriers / the round's rate: 120,000 at
+//! 150,000 points/s is about every 0.8 s, phones send every 1-4 s). Before the Redis rounds it
 //! prints ingest's own cost of the arrival rule per accepted point of a courier with an order.
 
 mod v1;
@@ -58,6 +61,8 @@ struct Variant {
     sha: String,
     /// The full script of its layout: warms the state (a truncated copy may not write it).
     warm_sha: String,
+    /// `ingest.seen_every`, seconds (0: `seen` for every point).
+    seen_every: f64,
 }
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -74,10 +79,12 @@ fn unix_now() -> f64 {
         .as_secs_f64()
 }
 
-fn args_for(layout: Layout, plan: &Plan<'_>, now: f64) -> Vec<Vec<u8>> {
-    match layout {
+fn args_for(v: &Variant, plan: &Plan<'_>, now: f64) -> Vec<Vec<u8>> {
+    match v.layout {
         Layout::V1 => v1::args(plan, now, 30.0),
-        Layout::Current | Layout::Function => batch::script_call(plan, now, 30.0).args,
+        Layout::Current | Layout::Function => {
+            batch::script_call(plan, now, 30.0, v.seen_every).args
+        }
     }
 }
 
@@ -198,7 +205,7 @@ fn run(
             // v1 reads the first five keys; the current layout takes the events cap last.
             call.arg(9)
                 .arg(&ingest::sink::batch_keys(k, &record))
-                .arg(args_for(v.layout, &plan, now));
+                .arg(args_for(v, &plan, now));
             if v.layout != Layout::V1 {
                 call.arg(0);
             }
@@ -247,7 +254,8 @@ fn main() {
     let mut c = client.get_connection().unwrap();
     let pid = std::process::id();
     let mut variants: Vec<Variant> = Vec::new();
-    let mut add = |name: &str, lua: String, layout: Layout| {
+    let seen_every: f64 = env("SCRIPT_BENCH_SEEN_EVERY", 5.0);
+    let mut add = |name: &str, lua: String, layout: Layout, seen_every: f64| {
         let load = |c: &mut redis::Connection, code: &str| -> String {
             redis::cmd("SCRIPT").arg("LOAD").arg(code).query(c).unwrap()
         };
@@ -276,13 +284,20 @@ fn main() {
             lua,
             layout,
             sha,
+            seen_every,
         });
     };
     for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         match name {
-            "v1" => add("v1", V1_LUA.to_string(), Layout::V1),
-            "current" => add("current", current_lua().to_string(), Layout::Current),
-            "places" => add("places", current_lua().to_string(), Layout::Current),
+            "v1" => add("v1", V1_LUA.to_string(), Layout::V1, 0.0),
+            "current" => add("current", current_lua().to_string(), Layout::Current, 0.0),
+            "bucketed" => add(
+                "bucketed",
+                current_lua().to_string(),
+                Layout::Current,
+                seen_every,
+            ),
+            "places" => add("places", current_lua().to_string(), Layout::Current, 0.0),
             other => panic!("unknown variant {other}"),
         }
     }
@@ -295,7 +310,7 @@ fn main() {
             "fcall" => Layout::Function,
             l => panic!("unknown layout {l}"),
         };
-        add(name, std::fs::read_to_string(file).unwrap(), layout);
+        add(name, std::fs::read_to_string(file).unwrap(), layout, 0.0);
     }
 
     // Orders, then one pass over every courier so each has seq state.

@@ -88,7 +88,7 @@ pub fn plan<'a>(messages: &'a [Message], limits: &Validation, now: f64) -> Plan<
 /// different couriers do not depend on each other, so only each courier's own order matters.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScriptCall {
-    /// ARGV: `now`, `reset_after`, the packed batch (see `script.lua`).
+    /// ARGV: `now`, `reset_after`, the packed batch, `seen_every` (see `script.lua`).
     pub args: Vec<Vec<u8>>,
     /// The plan entry of each entry the script judges, in the script's order.
     judged: Vec<usize>,
@@ -107,8 +107,14 @@ impl ScriptCall {
 /// The script's arguments after the keys: `now`, `reset_after` (strings), then one MessagePack
 /// array: per courier, in the order of his first entry, his id, how many entries he has, and
 /// per entry `seq, ts, score`, where score is the location's GEO score ([`geo_score`], as a
-/// decimal string: ZADD takes it as it is); an `offline` status is `false, false, false`.
-pub fn script_call(plan: &Plan<'_>, now: f64, reset_after_secs: f64) -> ScriptCall {
+/// decimal string: ZADD takes it as it is); an `offline` status is `false, false, false`; then
+/// `seen_every` (seconds, `ingest.seen_every`; 0: `seen` written for every accepted point).
+pub fn script_call(
+    plan: &Plan<'_>,
+    now: f64,
+    reset_after_secs: f64,
+    seen_every_secs: f64,
+) -> ScriptCall {
     let entries = &plan.entries;
     fn id<'a>(e: &Entry<'a>) -> &'a str {
         match e {
@@ -166,6 +172,7 @@ pub fn script_call(plan: &Plan<'_>, now: f64, reset_after_secs: f64) -> ScriptCa
             f.format(now).as_bytes().to_vec(),
             f.format(reset_after_secs).as_bytes().to_vec(),
             p.into_bytes(),
+            f.format(seen_every_secs).as_bytes().to_vec(),
         ],
         judged,
         courier,
@@ -289,57 +296,7 @@ pub fn parse_reply(reply: &[redis::Value], call: &ScriptCall) -> Result<Vec<Verd
     Ok(verdicts)
 }
 
-/// A courier's seq state as the batch script keeps it in the `seq` hash.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SeqState {
-    pub seq: f64,
-    /// Phone time of the last accepted point.
-    pub phone_ts: f64,
-    /// Phone time of the first point since the last seq reset.
-    pub epoch_ts: f64,
-    /// Server time of the last accepted point.
-    pub server_ts: f64,
-}
-
-impl SeqState {
-    /// First byte of the packed form; the text form of earlier versions starts with a digit.
-    pub const TAG: u8 = 1;
-    pub const PACKED_LEN: usize = 33;
-
-    /// The packed form: the tag, then the four fields as little-endian doubles
-    /// (`struct.pack('<Bdddd', 1, ...)` in the script).
-    pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(Self::PACKED_LEN);
-        v.push(Self::TAG);
-        for x in [self.seq, self.phone_ts, self.epoch_ts, self.server_ts] {
-            v.extend_from_slice(&x.to_le_bytes());
-        }
-        v
-    }
-
-    /// Reads the packed form, or the `seq|phone_ts|epoch_ts|server_ts` text that scripts before
-    /// it wrote (the script reads both, so a deployment upgrades without losing state).
-    pub fn decode(raw: &[u8]) -> Option<Self> {
-        if raw.len() == Self::PACKED_LEN && raw[0] == Self::TAG {
-            let f = |i: usize| f64::from_le_bytes(raw[1 + 8 * i..9 + 8 * i].try_into().unwrap());
-            return Some(SeqState {
-                seq: f(0),
-                phone_ts: f(1),
-                epoch_ts: f(2),
-                server_ts: f(3),
-            });
-        }
-        let text = std::str::from_utf8(raw).ok()?;
-        let mut it = text.split('|').map(|x| x.parse::<f64>().ok());
-        let s = SeqState {
-            seq: it.next()??,
-            phone_ts: it.next()??,
-            epoch_ts: it.next()??,
-            server_ts: it.next()??,
-        };
-        it.next().is_none().then_some(s)
-    }
-}
+pub use courier_wire::seq_state::SeqState;
 
 #[cfg(test)]
 mod tests {
@@ -471,8 +428,8 @@ mod tests {
             good("c1", 8),
         ];
         let p = plan(&msgs, &Validation::default(), NOW);
-        let call = script_call(&p, NOW, 30.0);
-        assert_eq!(call.args.len(), 3);
+        let call = script_call(&p, NOW, 30.0, 0.0);
+        assert_eq!(call.args.len(), 4);
         assert_eq!(call.args[0], b"1764460800.0");
         assert_eq!(call.args[1], b"30.0");
         let score = geo_score(46.6, 24.7).to_string();
@@ -490,7 +447,9 @@ mod tests {
             &plan(&[good("c1", 7)], &Validation::default(), NOW),
             NOW,
             30.0,
+            5.0,
         );
+        assert_eq!(one.args[3], b"5.0");
         let mut bytes = vec![0x95, 0xa2, b'c', b'1', 1, 7, 0xcb];
         bytes.extend_from_slice(&(NOW - 1.0).to_bits().to_be_bytes());
         bytes.push(0xa0 | score.len() as u8);
@@ -507,7 +466,7 @@ mod tests {
             msg("couriers/c3/status", "offline"),
         ];
         let p = plan(&msgs, &Validation::default(), NOW);
-        let call = script_call(&p, NOW, 30.0);
+        let call = script_call(&p, NOW, 30.0, 0.0);
         // Judged as c1 (entries 0, 2), c2 (1), c3 (3).
         let codes = |c: &str| Value::BulkString(c.as_bytes().to_vec());
         let order = |o: &str| Value::BulkString(o.as_bytes().to_vec());
@@ -623,33 +582,6 @@ mod tests {
         assert_eq!(interleave(u32::MAX, u32::MAX), u64::MAX);
     }
 
-    #[test]
-    fn seq_state_reads_both_forms() {
-        let st = SeqState {
-            seq: 42.0,
-            phone_ts: 1764460799.25,
-            epoch_ts: 1764460000.5,
-            server_ts: 1764460800.125,
-        };
-        let packed = st.encode();
-        assert_eq!(packed.len(), SeqState::PACKED_LEN);
-        assert_eq!(packed[0], SeqState::TAG);
-        assert_eq!(SeqState::decode(&packed), Some(st));
-        assert_eq!(
-            SeqState::decode(b"42|1764460799.25|1764460000.5|1764460800.125"),
-            Some(st)
-        );
-        for bad in [
-            &b""[..],
-            b"42|1|2",
-            b"42|1|2|3|4",
-            b"x|1|2|3",
-            &packed[..32],
-        ] {
-            assert_eq!(SeqState::decode(bad), None, "{bad:?}");
-        }
-    }
-
     proptest! {
         // Whatever mix of good and bad messages arrives, every loc message is either an entry
         // or counted invalid, and the arguments always have the layout the script reads.
@@ -667,7 +599,7 @@ mod tests {
             let p = plan(&msgs, &Validation::default(), NOW);
             prop_assert_eq!(p.points() + p.tally.invalid_total(), loc);
             // The packed batch lists every entry once, each courier's together and in order.
-            let call = script_call(&p, NOW, 30.0);
+            let call = script_call(&p, NOW, 30.0, 0.0);
             let v = read_array(&call.args[2]);
             let mut seen = vec![false; p.entries.len()];
             let mut k = 0;

@@ -27,6 +27,13 @@ pub struct IngestConfig {
     /// A courier silent this long leaves `couriers:live` (humantime: `60s`, `2m`).
     #[serde(with = "courier_wire::duration")]
     pub evict_after: Duration,
+    /// `couriers:seen` is written for a courier only when his last accepted point falls into
+    /// a new bucket of this length (0s: every point), which saves most of its ZADDs (couriers
+    /// send every 1-4 s). The score then lags the true last-seen time (kept in his seq state)
+    /// by less than this; the eviction sweep confirms against that time, so eviction stays
+    /// exact. Below `evict_after`.
+    #[serde(with = "courier_wire::duration")]
+    pub seen_every: Duration,
     /// How often the eviction sweep runs.
     #[serde(with = "courier_wire::duration")]
     pub sweep_every: Duration,
@@ -68,6 +75,7 @@ impl Default for IngestConfig {
             batch_max: 512,
             max_in_flight: 4,
             evict_after: Duration::from_secs(60),
+            seen_every: Duration::from_secs(5),
             sweep_every: Duration::from_secs(5),
             seq_reset_after: Duration::from_secs(30),
             seq_forget_after: Duration::from_secs(24 * 3600),
@@ -145,6 +153,10 @@ impl IngestConfig {
         {
             return Err("ingest.arrival_margin_m must be at least 0 and below ingest.arrival_radius_m (at most 10000)".into());
         }
+        // An evicted courier's next point must fall into a new bucket (it rewrites `seen`).
+        if self.seen_every >= self.evict_after {
+            return Err("ingest.seen_every must be below ingest.evict_after".into());
+        }
         if self.seq_forget_after < self.evict_after {
             return Err("ingest.seq_forget_after must be at least ingest.evict_after".into());
         }
@@ -195,6 +207,16 @@ mod tests {
             ..Default::default()
         };
         assert!(c.validate().unwrap_err().contains("ingest.status_group"));
+        let c = IngestConfig {
+            seen_every: Duration::from_secs(60),
+            ..Default::default()
+        };
+        assert!(c.validate().unwrap_err().contains("ingest.seen_every"));
+        let c = IngestConfig {
+            seen_every: Duration::ZERO,
+            ..Default::default()
+        };
+        c.validate().unwrap();
     }
 
     #[test]

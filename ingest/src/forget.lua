@@ -1,7 +1,7 @@
 -- Forgets the seq state of couriers not accepted since before a cutoff, a slice at a time,
 -- so the seq hash does not grow with every courier ever seen.
 -- KEYS: 1 seq.  ARGV: 1 cursor, 2 cutoff (server unix seconds), 3 count.
--- State is packed (struct '<Bdddd', tag 1, server time last) or, written by an earlier version,
+-- State is packed (struct '<Bdddd', tag 1 or 2, server time last) or, written by an earlier version,
 -- text "seq|phone_ts|epoch_ts|server_ts"; anything unreadable is forgotten.
 -- Returns { next cursor, removed }.
 local r = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', tonumber(ARGV[3]))
@@ -11,7 +11,8 @@ local gone = {}
 for i = 1, #kv, 2 do
   local v = kv[i + 1]
   local t
-  if #v == 33 and string.byte(v) == 1 then
+  local tag = string.byte(v)
+  if #v == 33 and (tag == 1 or tag == 2) then
     t = select(5, struct.unpack('<Bdddd', v))
   else
     t = tonumber(string.match(v, '|([^|]+)$'))

@@ -16,9 +16,20 @@
 --       the location's GEO score (as a string: the 52-bit geohash GEOADD would store, computed
 --       by ingest, so a plain ZADD writes it). An `offline` status is false, false, false: the
 --       courier leaves the live index at once.
--- State per courier, packed: struct.pack('<Bdddd', 1, seq, phone_ts, epoch_ts, server_ts), where
--- epoch_ts is the phone time of the first point since the last seq reset. The text form
--- "seq|phone_ts|epoch_ts|server_ts" of earlier versions is read too (it starts with a digit).
+--       4 seen_every (seconds; 0: every point), 5 the events stream's cap
+--       (courier_wire::events; 0: no events)
+-- State per courier, packed: struct.pack('<Bdddd', tag, seq, phone_ts, epoch_ts, server_ts),
+-- where epoch_ts is the phone time of the first point since the last seq reset and server_ts
+-- the server time of his last accepted point; tag 1: his `seen` score lies in the same
+-- seen_every bucket as server_ts, tag 2: his `offline` took him out of live and seen. The text
+-- form "seq|phone_ts|epoch_ts|server_ts" of earlier versions is read too (it starts with a
+-- digit) and counts as tag 2.
+-- `seen` is written for an accepted courier only when (so it stays within one bucket of
+-- server_ts, the true last-seen time, which the eviction sweep confirms against):
+--   no state, tag 2 or text state                   -> ZADD seen now
+--   floor(now / seen_every) ~= floor(server_ts / seen_every), or seen_every = 0
+--                                                   -> ZADD seen now
+--   same bucket as his last accepted point          -> nothing (the score there is in it)
 -- Rule for a point (s, p):
 --   no state                                        -> accept (new epoch)
 --   s > seq and p >= epoch_ts                       -> accept
@@ -29,7 +40,6 @@
 -- A courier's entries are judged in turn, each against the state the one before left; only his
 -- last accepted point reaches live and seen (an earlier one would be overwritten in the same
 -- call), unless an `offline` after it removes him.
---       4 the events stream's cap (courier_wire::events; 0: no events)
 -- Returns { codes, then courier, orders, places for each courier with an accepted point and an
 -- order }: codes holds one character per entry in the order above ('0' stale, '1' accepted,
 -- '2' accepted as reset, '3' offline handled); courier counts from 1 in the order above; orders
@@ -47,6 +57,8 @@ local now_s = ARGV[1]
 local now = tonumber(now_s)
 local reset_after = tonumber(ARGV[2])
 local a = cmsgpack.unpack(ARGV[3])
+local every = tonumber(ARGV[4])
+local floor = math.floor
 local len = #a
 
 -- Every courier's state and order in two calls for the whole batch.
@@ -65,17 +77,19 @@ local pack, unpack_state, match, byte = struct.pack, struct.unpack, string.match
 local codes, out, ncodes, nout = {}, { false }, 0, 1
 local geo, zs, hs, gone = {}, {}, {}, {} -- ZADD live, ZADD seen, HSET seq, ZREM both
 local offline = {} -- order, courier of each order whose courier went offline
-local ngeo, nhs, ngone = 0, 0, 0
+local ngeo, nzs, nhs, ngone = 0, 0, 0, 0
 for c = 1, nc do
   local id = ids[c]
   local j = at[c]
   local last = j + 2 + 3 * a[j + 1]
   -- The courier's state: have, seq, phone_ts, epoch_ts, server_ts.
   local have, seq, pts, ets, sts = false, 0, 0, 0, 0
+  local listed = false -- tag 1: his seen score is in the bucket of sts
   local raw = raws[c]
   if raw then
-    if #raw == 33 and byte(raw) == 1 then
-      have = true
+    local tag = byte(raw)
+    if #raw == 33 and (tag == 1 or tag == 2) then
+      have, listed = true, tag == 1
       local _
       _, seq, pts, ets, sts = unpack_state('<Bdddd', raw)
     else
@@ -86,6 +100,7 @@ for c = 1, nc do
       end
     end
   end
+  local was_listed, last_sts = listed, sts
   local changed, accepted, final = false, false, 0 -- final: 0 nothing, -1 offline, k the point
   for k = j + 2, last - 1, 3 do
     local s = a[k]
@@ -115,20 +130,25 @@ for c = 1, nc do
       codes[ncodes] = code
     end
   end
-  if changed then
-    hs[nhs + 1] = id
-    hs[nhs + 2] = pack('<Bdddd', 1, seq, pts, ets, now)
-    nhs = nhs + 2
-  end
   if final > 0 then
     geo[ngeo + 1] = a[final + 2]
     geo[ngeo + 2] = id
-    zs[ngeo + 1] = now_s
-    zs[ngeo + 2] = id
     ngeo = ngeo + 2
+    if not listed or every <= 0 or floor(now / every) ~= floor(last_sts / every) then
+      zs[nzs + 1] = now_s
+      zs[nzs + 2] = id
+      nzs = nzs + 2
+    end
+    listed = true
   elseif final < 0 then
     ngone = ngone + 1
     gone[ngone] = id
+    listed = false
+  end
+  if changed or (have and listed ~= was_listed) then
+    hs[nhs + 1] = id
+    hs[nhs + 2] = pack('<Bdddd', listed and 1 or 2, seq, pts, ets, sts)
+    nhs = nhs + 2
   end
   local order = carried[c]
   if order and order ~= '' then
@@ -169,7 +189,7 @@ if nout > 1 then
 end
 for k = 1, #offline, 2 do
   local o, id = offline[k], offline[k + 1]
-  emit(events, dropped, ARGV[4], 'courier.offline_during_order',
+  emit(events, dropped, ARGV[5], 'courier.offline_during_order',
     'courier.offline_during_order:' .. o .. ':' .. id .. ':' .. math.floor(now), o, id,
     redis.call('HGET', tenants, o) or 'default', now_s)
 end
@@ -180,6 +200,8 @@ if ngone > 0 then
 end
 if ngeo > 0 then
   redis.call('ZADD', live, unpack(geo))
+end
+if nzs > 0 then
   redis.call('ZADD', seen, unpack(zs))
 end
 if nhs > 0 then

@@ -20,6 +20,11 @@ pub fn batch_lua() -> String {
     with_emit(BATCH_LUA)
 }
 
+/// The eviction sweep's script as Redis runs it, for tests; KEYS as in [`RedisSink::evict`].
+pub fn evict_lua() -> String {
+    with_emit(EVICT_LUA)
+}
+
 /// The batch script's KEYS, in the order of its header; `record` names this batch's record
 /// (`Keys::batch_record` + the batch id). Its ARGV: [`crate::batch::script_call`]'s, then the
 /// events cap.
@@ -147,8 +152,9 @@ impl RedisSink {
         }
     }
 
-    /// Removes up to `limit` couriers last seen before `cutoff`; returns how many.
-    pub async fn evict(&self, cutoff: f64, limit: usize) -> Result<u64, IngestError> {
+    /// Examines up to `limit` couriers whose `seen` score is before `cutoff` and removes those
+    /// whose seq state confirms it (the others are re-scored); returns (removed, examined).
+    pub async fn evict(&self, cutoff: f64, limit: usize) -> Result<(u64, u64), IngestError> {
         let k = &self.keys;
         let keys = [
             &k.live,
@@ -157,16 +163,16 @@ impl RedisSink {
             &k.order_tenant,
             &k.events,
             &k.events_dropped,
+            &k.seq,
         ];
         let mut cmd = Self::evalsha(&self.evict, &keys.map(String::as_str));
         cmd.arg(cutoff)
             .arg(limit)
             .arg(self.events_cap)
             .arg(courier_wire::clock::unix_now());
-        match self.run(&self.evict, &cmd).await? {
-            Value::Int(n) => Ok(n.max(0) as u64),
-            other => Err(IngestError::Reply(format!("evict returned {other:?}"))),
-        }
+        let v = self.run(&self.evict, &cmd).await?;
+        redis::from_redis_value::<(u64, u64)>(v.clone())
+            .map_err(|_| IngestError::Reply(format!("evict returned {v:?}")))
     }
 
     /// Writes the arrival events a batch decided: (order, courier, place flag) each; returns

@@ -30,13 +30,13 @@ pub(crate) async fn run(
         let cutoff = now - config.evict_after.as_secs_f64();
         loop {
             match sink.evict(cutoff, EVICT_LIMIT).await {
-                Ok(n) => {
+                Ok((n, examined)) => {
                     stats.redis_up.set(true);
                     if n > 0 {
                         metrics.evicted_silent(&stats, n);
                         tracing::debug!(couriers = n, "evicted silent couriers");
                     }
-                    if n < EVICT_LIMIT as u64 {
+                    if examined < EVICT_LIMIT as u64 {
                         break;
                     }
                 }

@@ -21,6 +21,8 @@ struct Ctx {
     client: AsyncClient,
     limits: Validation,
     reset_after: f64,
+    /// `ingest.seen_every`, seconds.
+    seen_every: f64,
     retry_for: Duration,
     arrival: crate::arrival::Rule,
     metrics: Arc<Metrics>,
@@ -69,6 +71,7 @@ pub(crate) async fn run(
         client,
         limits: config.validation(),
         reset_after: config.seq_reset_after.as_secs_f64(),
+        seen_every: config.seen_every.as_secs_f64(),
         retry_for: config.redis_retry_for,
         arrival: config.arrival(),
         metrics,
@@ -104,7 +107,7 @@ async fn process(ctx: &Ctx, messages: Vec<Message>) {
     let now = unix_now();
     let mut plan = batch::plan(&messages, &ctx.limits, now);
     if !plan.entries.is_empty() {
-        let call = batch::script_call(&plan, now, ctx.reset_after);
+        let call = batch::script_call(&plan, now, ctx.reset_after, ctx.seen_every);
         ctx.metrics.batch_size.record(plan.entries.len() as f64);
         // One id for the batch and all its retries: a retry after a timeout gets the verdicts
         // of the run that Redis did apply.

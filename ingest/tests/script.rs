@@ -99,8 +99,19 @@ fn offline(id: &str) -> Message {
 }
 
 fn run_current(c: &mut redis::Connection, k: &Keys, msgs: &[Message], now: f64) -> Vec<Verdict> {
+    run_every(c, k, msgs, now, 0.0)
+}
+
+/// The current script with `seen` written once per bucket of `every` seconds.
+fn run_every(
+    c: &mut redis::Connection,
+    k: &Keys,
+    msgs: &[Message],
+    now: f64,
+    every: f64,
+) -> Vec<Verdict> {
     let plan = batch::plan(msgs, &Validation::default(), NOW);
-    let call = batch::script_call(&plan, now, 30.0);
+    let call = batch::script_call(&plan, now, 30.0, every);
     let reply = eval(c, script(), k, &record(k), &call.args);
     batch::parse_reply(&reply, &call).unwrap()
 }
@@ -256,7 +267,9 @@ proptest! {
     /// after 30 s of silence, `offline` statuses, several entries of a courier in one batch):
     /// the current script gives the verdicts v1 gave, one for one, and leaves the same GEO score,
     /// seen time and seq state. A third run lets v1 judge the first batches and the current
-    /// script the rest, from the text state v1 left: the same again.
+    /// script the rest, from the text state v1 left: the same again. A fourth writes `seen`
+    /// once per 5 s bucket: the same verdicts, GEO score and seq state, and a `seen` score for
+    /// exactly the couriers v1 left one for, in the bucket of v1's (the true last-seen time).
     #[test]
     fn same_verdicts_and_state_as_v1(
         batches in proptest::collection::vec(
@@ -265,8 +278,8 @@ proptest! {
         split in 0usize..6,
     ) {
         let mut c = conn();
-        let (old, new, upgraded) = (keys(), keys(), keys());
-        for k in [&old, &new, &upgraded] {
+        let (old, new, upgraded, bucketed) = (keys(), keys(), keys(), keys());
+        for k in [&old, &new, &upgraded, &bucketed] {
             let _: () = redis::cmd("HSET").arg(&k.order).arg("ca").arg("o-a").query(&mut c).unwrap();
         }
         let mut now = NOW;
@@ -281,13 +294,20 @@ proptest! {
                 run_current(&mut c, &upgraded, &msgs, now)
             };
             prop_assert_eq!(&up, &want, "batch {} after the upgrade at {}", i, split);
+            prop_assert_eq!(&run_every(&mut c, &bucketed, &msgs, now, 5.0), &want, "batch {} bucketed", i);
+            for id in ["ca", "cb", "cc"] {
+                let (live, seen, st) = courier_state(&mut c, &old, id);
+                let (b_live, b_seen, b_st) = courier_state(&mut c, &bucketed, id);
+                prop_assert_eq!((b_live, b_st), (live, st), "{} bucketed", id);
+                prop_assert_eq!(b_seen.map(|s| (s / 5.0).floor()), seen.map(|s| (s / 5.0).floor()), "{} seen bucket", id);
+            }
         }
         for id in ["ca", "cb", "cc"] {
             let want = courier_state(&mut c, &old, id);
             prop_assert_eq!(courier_state(&mut c, &new, id), want, "{}", id);
             prop_assert_eq!(courier_state(&mut c, &upgraded, id), want, "{} upgraded", id);
         }
-        for k in [&old, &new, &upgraded] {
+        for k in [&old, &new, &upgraded, &bucketed] {
             cleanup(&mut c, k);
         }
     }
@@ -535,7 +555,7 @@ fn a_retried_batch_gets_the_reply_of_its_first_run() {
         .unwrap();
     let msgs = [point("rb", 7, NOW - 1.0), offline("other")];
     let plan = batch::plan(&msgs, &Validation::default(), NOW);
-    let call = batch::script_call(&plan, NOW, 30.0);
+    let call = batch::script_call(&plan, NOW, 30.0, 0.0);
     let rec = record(&k);
     let first = batch::parse_reply(&eval(&mut c, script(), &k, &rec, &call.args), &call).unwrap();
     let again = batch::parse_reply(&eval(&mut c, script(), &k, &rec, &call.args), &call).unwrap();
@@ -618,5 +638,208 @@ fn forget_reads_packed_and_text_state() {
     let mut left: Vec<String> = redis::cmd("HKEYS").arg(&k.seq).query(&mut c).unwrap();
     left.sort();
     assert_eq!(left, ["p-new", "t-new"]);
+    cleanup(&mut c, &k);
+}
+
+/// Runs the eviction sweep once at `now` (cutoff `now - ttl`); returns (evicted, examined).
+fn sweep(c: &mut redis::Connection, k: &Keys, now: f64, ttl: f64) -> (u64, u64) {
+    redis::cmd("EVAL")
+        .arg(ingest::sink::evict_lua())
+        .arg(7)
+        .arg(&k.live)
+        .arg(&k.seen)
+        .arg(&k.order)
+        .arg(&k.order_tenant)
+        .arg(&k.events)
+        .arg(&k.events_dropped)
+        .arg(&k.seq)
+        .arg(now - ttl)
+        .arg(1000)
+        .arg(100)
+        .arg(now)
+        .query(c)
+        .unwrap()
+}
+
+fn is_live(c: &mut redis::Connection, k: &Keys, id: &str) -> bool {
+    let s: Option<f64> = redis::cmd("ZSCORE").arg(&k.live).arg(id).query(c).unwrap();
+    s.is_some()
+}
+
+/// `seen` once per bucket (docs/rules.md, "Eviction"): within a 5 s bucket only the first
+/// accepted point writes it, the seq state always holds the exact time; an `offline` (tag 2)
+/// makes the next point write it even within the same bucket.
+#[test]
+fn seen_is_written_once_per_bucket() {
+    let mut c = conn();
+    let k = keys();
+    let t = NOW - 100.0;
+    let mut seq = 0;
+    let mut send = |c: &mut redis::Connection, now: f64| {
+        seq += 1;
+        run_every(c, &k, &[point("b", seq, t + seq as f64)], now, 5.0)
+    };
+    let tag = |c: &mut redis::Connection| {
+        let raw: Vec<u8> = redis::cmd("HGET").arg(&k.seq).arg("b").query(c).unwrap();
+        raw[0]
+    };
+    send(&mut c, NOW + 1.0);
+    send(&mut c, NOW + 2.5);
+    send(&mut c, NOW + 4.9);
+    let (_, seen, st) = courier_state(&mut c, &k, "b");
+    assert_eq!(seen, Some(NOW + 1.0), "first point of the bucket");
+    assert_eq!(
+        st.unwrap().server_ts,
+        NOW + 4.9,
+        "the state holds the true time"
+    );
+    assert_eq!(tag(&mut c), SeqState::TAG);
+    send(&mut c, NOW + 5.0);
+    assert_eq!(
+        courier_state(&mut c, &k, "b").1,
+        Some(NOW + 5.0),
+        "a new bucket"
+    );
+    // offline, then a point in the same bucket: listed again.
+    run_every(&mut c, &k, &[offline("b")], NOW + 6.0, 5.0);
+    assert_eq!(tag(&mut c), SeqState::OFFLINE_TAG);
+    assert_eq!(courier_state(&mut c, &k, "b").1, None);
+    assert!(!is_live(&mut c, &k, "b"));
+    send(&mut c, NOW + 7.0);
+    let (live, seen, _) = courier_state(&mut c, &k, "b");
+    assert!(live.is_some());
+    assert_eq!(seen, Some(NOW + 7.0));
+    assert_eq!(tag(&mut c), SeqState::TAG);
+    // 0: every point.
+    run_every(&mut c, &k, &[point("b", 100, t + 100.0)], NOW + 8.0, 0.0);
+    assert_eq!(courier_state(&mut c, &k, "b").1, Some(NOW + 8.0));
+    cleanup(&mut c, &k);
+}
+
+/// The eviction rule of evict.lua, row by row: a candidate from `seen` is evicted only when
+/// his state confirms he is silent (or has no state), else re-scored to his true time.
+#[test]
+fn eviction_confirms_against_the_state() {
+    let mut c = conn();
+    let k = keys();
+    let state = |server_ts: f64| {
+        SeqState {
+            seq: 1.0,
+            phone_ts: 1.0,
+            epoch_ts: 1.0,
+            server_ts,
+        }
+        .encode()
+    };
+    for (id, seen) in [
+        ("silent", NOW - 70.0),
+        ("lagged", NOW - 62.0),
+        ("none", NOW - 70.0),
+        ("text", NOW - 61.0),
+        ("fresh", NOW - 10.0),
+    ] {
+        let _: () = redis::cmd("ZADD")
+            .arg(&k.live)
+            .arg(1)
+            .arg(id)
+            .query(&mut c)
+            .unwrap();
+        let _: () = redis::cmd("ZADD")
+            .arg(&k.seen)
+            .arg(seen)
+            .arg(id)
+            .query(&mut c)
+            .unwrap();
+    }
+    let _: () = redis::cmd("HSET")
+        .arg(&k.seq)
+        .arg("silent")
+        .arg(state(NOW - 66.0))
+        .arg("lagged")
+        .arg(state(NOW - 58.0))
+        .arg("text")
+        .arg(format!("1|1|1|{}", NOW - 59.0))
+        .arg("fresh")
+        .arg(state(NOW - 9.0))
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(sweep(&mut c, &k, NOW, 60.0), (2, 4));
+    for (id, live, seen) in [
+        ("silent", false, None),
+        ("none", false, None),
+        ("lagged", true, Some(NOW - 58.0)),
+        ("text", true, Some(NOW - 59.0)),
+        ("fresh", true, Some(NOW - 10.0)),
+    ] {
+        assert_eq!(is_live(&mut c, &k, id), live, "{id}");
+        assert_eq!(courier_state(&mut c, &k, id).1, seen, "{id}");
+    }
+    // The re-scored are past the cutoff: the next sweep examines none of them.
+    assert_eq!(sweep(&mut c, &k, NOW, 60.0), (0, 0));
+    cleanup(&mut c, &k);
+}
+
+/// With `seen` once per 5 s bucket and a sweep every 5 s (TTL 60 s), simulated over ten
+/// minutes: a courier sending every second (or every 4 s) is never evicted; one that goes
+/// silent is evicted at the first sweep after his last point + TTL (so within TTL + the sweep
+/// period, exact to the sweep), never before; sending again lists him again. The re-scored
+/// count shows that the sweep met lagging `seen` scores.
+#[test]
+fn eviction_with_seen_once_per_bucket() {
+    let mut c = conn();
+    let k = keys();
+    let (ttl, every, period) = (60.0, 5.0, 5.0);
+    let mut seqs = std::collections::HashMap::new();
+    let mut last = std::collections::HashMap::new();
+    // (courier, interval s, stops sending at s after start)
+    let couriers = [
+        ("every1", 1.0, 1e9),
+        ("every4", 4.0, 1e9),
+        ("stops", 1.0, 123.4),
+        ("stops4", 4.0, 200.0),
+        ("back", 2.0, 50.0),
+    ];
+    let mut t = 0.0;
+    let mut rescored = 0;
+    while t < 600.0 {
+        t += 0.5;
+        let now = NOW + t;
+        for (id, interval, stop) in couriers {
+            let back = id == "back" && t >= 300.0;
+            if (t < stop || back) && (t % interval) == 0.0 {
+                let s = seqs.entry(id).or_insert(0u64);
+                *s += 1;
+                let v = run_every(
+                    &mut c,
+                    &k,
+                    &[point(id, *s, NOW - 1.0 + t / 1000.0)],
+                    now,
+                    every,
+                );
+                assert!(accepted(&v[0]), "{id} at {t}");
+                last.insert(id, now);
+            }
+        }
+        // Off the buckets' edges, so some sweeps find a `seen` score that lags (re-scored).
+        if t % period == period / 2.0 {
+            let (evicted, examined) = sweep(&mut c, &k, now, ttl);
+            rescored += examined - evicted;
+            for (id, _, _) in couriers {
+                let Some(at) = last.get(id) else { continue };
+                let silent_for = now - at;
+                assert_eq!(
+                    is_live(&mut c, &k, id),
+                    silent_for <= ttl,
+                    "{id} at {t}, silent {silent_for}"
+                );
+                if silent_for <= ttl {
+                    let (_, seen, st) = courier_state(&mut c, &k, id);
+                    let lag = st.unwrap().server_ts - seen.expect("listed");
+                    assert!((0.0..every).contains(&lag), "{id} at {t}: seen lags {lag}");
+                }
+            }
+        }
+    }
+    assert!(rescored > 0, "no sweep met a lagging score");
     cleanup(&mut c, &k);
 }

@@ -166,3 +166,40 @@ async fn empty_index_and_bad_queries() {
     assert!(err.to_string().contains("ascending"));
     support::cleanup(&keys).await;
 }
+
+/// `couriers:seen` is written once per `ingest.seen_every` bucket, so the last-seen time comes
+/// from the courier's seq state when he has one: a courier whose `seen` score lags past
+/// max_age but whose state is fresh is found, with the state's time; one whose state is older
+/// than max_age is skipped even though `seen` looks fresh; without state `seen` decides.
+#[tokio::test]
+async fn the_last_seen_time_comes_from_the_seq_state() {
+    let (d, keys, now) = setup(&[
+        ("lagged", 0.5, 40.0),
+        ("old", 1.0, 0.0),
+        ("plain", 1.5, 0.0),
+    ])
+    .await;
+    let state = |server_ts: f64| {
+        courier_wire::SeqState {
+            seq: 1.0,
+            phone_ts: server_ts,
+            epoch_ts: server_ts,
+            server_ts,
+        }
+        .encode()
+    };
+    let mut r = support::redis().await;
+    let _: () = redis::cmd("HSET")
+        .arg(&keys.seq)
+        .arg("lagged")
+        .arg(state(now - 3.0))
+        .arg("old")
+        .arg(state(now - 45.0))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let n = d.nearest(&query(3), now).await.unwrap();
+    assert_eq!(ids(&n), ["lagged", "plain"]);
+    assert_eq!(n.couriers[0].seen, now - 3.0);
+    support::cleanup(&keys).await;
+}

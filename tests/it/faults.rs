@@ -426,11 +426,7 @@ async fn cluster_failover(how: Failover) {
     // Whole again: every courier has a point accepted after the fault (a point the old
     // primary took but had not yet replicated is lost with it, until that courier's next one).
     loop {
-        let n: u64 = redis::cmd("ZCOUNT")
-            .arg(&keys.seen)
-            .arg(fault_at)
-            .arg("+inf")
-            .query_async(&mut conn)
+        let n = accepted_since(&mut conn, &keys, fault_at)
             .await
             .unwrap_or(0);
         if n >= couriers {
@@ -847,15 +843,9 @@ async fn run_killed_under_load_comes_back_and_history_keeps_what_was_committed()
     let up = Instant::now();
     let mut r = redis().await;
     let seen_again = wait_until_async(Duration::from_secs(20), || {
-        let (mut r, seen) = (r.clone(), keys.seen.clone());
+        let (mut r, keys) = (r.clone(), keys.clone());
         async move {
-            let n: u64 = redis::cmd("ZCOUNT")
-                .arg(&seen)
-                .arg(killed_at)
-                .arg("+inf")
-                .query_async(&mut r)
-                .await
-                .unwrap_or(0);
+            let n = accepted_since(&mut r, &keys, killed_at).await.unwrap_or(0);
             n >= couriers as u64
         }
     })

@@ -366,6 +366,7 @@ async fn silent_couriers_are_evicted_and_last_will_removes_at_once(kind: BrokerK
     let keys = Keys::with_prefix(&prefix());
     let mut cfg = test_ingest_config();
     cfg.evict_after = Duration::from_secs(1);
+    cfg.seen_every = Duration::from_millis(500);
     let ing = start_ingest(&broker, cfg, keys.clone()).await;
     let mut r = redis().await;
     let (quiet, _quiet_driver) = phone(&edge, "quiet", None).await;
@@ -629,7 +630,7 @@ async fn a_retried_batch_gets_the_verdicts_of_its_first_run() {
         received: t,
     }];
     let plan = ingest::batch::plan(&msgs, &courier_wire::Validation::default(), t);
-    let call = ingest::batch::script_call(&plan, t, 30.0);
+    let call = ingest::batch::script_call(&plan, t, 30.0, 5.0);
     let run = |record: String| {
         let mut inv = script.prepare_invoke();
         for k in ingest::sink::batch_keys(&keys, &record) {

@@ -8,12 +8,15 @@
 pub struct Keys {
     /// GEO set: last accepted location per courier.
     pub live: String,
-    /// ZSET: server time of each courier's last accepted point (eviction).
+    /// ZSET: server time of each courier's last accepted point, written once per
+    /// `ingest.seen_every` bucket (so within one bucket of it; the exact time is in `seq`): the
+    /// eviction sweep's index.
     pub seen: String,
     /// HASH: courier id -> the orders he carries, comma-separated, oldest first (one order:
     /// its id alone).
     pub order: String,
-    /// HASH: courier id -> seq state used by the batch script (packed; see docs/rules.md).
+    /// HASH: courier id -> seq state used by the batch script ([`crate::SeqState`]; see
+    /// docs/rules.md).
     pub seq: String,
     /// HASH: order id -> courier id while the order runs (the reverse of `order`).
     pub order_courier: String,

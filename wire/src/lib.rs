@@ -23,6 +23,7 @@ pub mod point;
 #[cfg(feature = "redis")]
 pub mod redis_conn;
 pub mod redis_target;
+pub mod seq_state;
 pub mod topic;
 pub mod track;
 
@@ -32,5 +33,6 @@ pub use point::{decode_point, Invalid, Point, Validation};
 #[cfg(feature = "redis")]
 pub use redis_conn::{RedisConn, RedisOptions};
 pub use redis_target::RedisTarget;
+pub use seq_state::SeqState;
 pub use topic::{loc_topic, parse_courier_topic, status_topic, track_topic, CourierTopic};
 pub use track::encode_track;

@@ -221,3 +221,25 @@ pub async fn cleanup(keys: &Keys) {
         .await
         .unwrap();
 }
+
+/// How many couriers had a point accepted at or after `t` (server time): the server time in
+/// their seq state, not `couriers:seen`, which ingest writes once per `ingest.seen_every` bucket
+/// and so lags by up to that.
+pub async fn accepted_since<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
+    keys: &Keys,
+    t: f64,
+) -> redis::RedisResult<u64> {
+    redis::Script::new(
+        "local kv, n, t = redis.call('HGETALL', KEYS[1]), 0, tonumber(ARGV[1])
+         for i = 2, #kv, 2 do
+           local v = kv[i]
+           if #v == 33 and select(5, struct.unpack('<Bdddd', v)) >= t then n = n + 1 end
+         end
+         return n",
+    )
+    .key(&keys.seq)
+    .arg(t)
+    .invoke_async(conn)
+    .await
+}
