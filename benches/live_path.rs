@@ -24,8 +24,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -63,13 +62,10 @@ fn metrics(port: u16) -> String {
 }
 
 fn metrics_path(port: u16, path: &str) -> String {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return String::new();
-    };
-    let _ = write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
+    common::http_get(&format!("http://127.0.0.1:{port}{path}"))
+        .filter(|a| a.status == 200)
+        .map(|a| a.text())
+        .unwrap_or_default()
 }
 
 /// Sum of the samples of `name` whose labels contain `label` (empty: any).
@@ -88,7 +84,9 @@ fn metric(text: &str, name: &str, label: &str) -> f64 {
 /// rumqttd log an aborted connection).
 fn wait_ready(metrics_port: u16) {
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !metrics_path(metrics_port, "/readyz").starts_with("HTTP/1.0 200") {
+    while common::http_get(&format!("http://127.0.0.1:{metrics_port}/readyz"))
+        .is_none_or(|a| a.status != 200)
+    {
         assert!(Instant::now() < deadline, "port {metrics_port} never ready");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -465,17 +463,18 @@ impl Hook {
         );
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let answer = TcpStream::connect(("127.0.0.1", notify_http)).ok().and_then(|mut s| {
-                let req = format!("POST /webhooks/endpoints HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer bench-service-key-0123456789\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
-                s.write_all(req.as_bytes()).ok()?;
-                let mut out = String::new();
-                s.read_to_string(&mut out).ok()?;
-                Some(out)
-            });
-            match answer {
-                Some(a) if a.starts_with("HTTP/1.1 201") => return,
+            let answer = common::http_post_json(
+                &format!("http://127.0.0.1:{notify_http}/webhooks/endpoints"),
+                &[("authorization", "Bearer bench-service-key-0123456789")],
+                &body,
+            );
+            match answer.as_ref().map(|a| a.status) {
+                Some(201) => return,
                 _ if Instant::now() > deadline => {
-                    panic!("notify did not take the endpoint: {answer:?}")
+                    panic!(
+                        "notify did not take the endpoint: {:?}",
+                        answer.map(|a| (a.status, a.text()))
+                    )
                 }
                 _ => std::thread::sleep(Duration::from_millis(200)),
             }

@@ -143,25 +143,44 @@ impl Drop for Proc {
     }
 }
 
-/// `GET url` from synchronous code, through the project's HTTP client: on a thread of its own
+/// Runs one call of the project's HTTP client from synchronous code: on a thread of its own
 /// with a one-thread runtime, so that it also works from inside a bench's runtime.
-pub fn http_get(url: &str) -> Option<courier_wire::http_client::Answer> {
+fn http_blocking<F, Fut>(call: F) -> Option<courier_wire::http_client::Answer>
+where
+    F: FnOnce(courier_wire::http_client::HttpClient) -> Fut + Send,
+    Fut: std::future::Future<
+        Output = Result<courier_wire::http_client::Answer, courier_wire::http_client::HttpError>,
+    >,
+{
     std::thread::scope(|s| {
         s.spawn(|| {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .ok()?;
-            rt.block_on(
-                courier_wire::http_client::HttpClient::new(Duration::from_secs(5), 64 << 20)
-                    .get(url, &[]),
-            )
-            .ok()
+            let client =
+                courier_wire::http_client::HttpClient::new(Duration::from_secs(5), 64 << 20);
+            rt.block_on(call(client)).ok()
         })
         .join()
         .ok()
         .flatten()
     })
+}
+
+/// `GET url`; `None` while nothing answers.
+pub fn http_get(url: &str) -> Option<courier_wire::http_client::Answer> {
+    http_blocking(|c| async move { c.get(url, &[]).await })
+}
+
+/// `POST url` with a JSON body and extra headers; `None` while nothing answers.
+pub fn http_post_json(
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Option<courier_wire::http_client::Answer> {
+    let body = body.to_string();
+    http_blocking(|c| async move { c.post_json(url, headers, body).await })
 }
 
 /// `GET /metrics`, as text.
