@@ -186,14 +186,41 @@ async fn ops_map_shows_the_couriers_in_view_and_moves_them_when_points_arrive() 
         .await;
     assert!(card.as_str().unwrap().contains("phone lag"), "{card}");
     if let Some(p) = shoot("ops-map.png") {
-        // A few more couriers for a picture worth looking at.
+        // For the picture only: more couriers, some of them silent for a while (their seen
+        // times set back, as if their last point were older) and some carrying orders.
+        let t = now();
         for i in 0..60u64 {
+            let id = format!("mc-{i:02}");
             let at = (
                 24.66 + (i % 10) as f64 * 0.009,
                 46.63 + (i / 10) as f64 * 0.017,
             );
-            live.point(&format!("mc-{i:02}"), at, 1).await;
+            live.point(&id, at, 1).await;
+            live.wait_live(&id, at).await;
+            let back = match i % 7 {
+                0 => 50.0,
+                1 | 2 => 20.0,
+                _ => 0.0,
+            };
+            let _: () = redis::cmd("ZADD")
+                .arg(&live.keys.seen)
+                .arg(t - back)
+                .arg(&id)
+                .query_async(&mut r)
+                .await
+                .unwrap();
+            if i % 6 == 0 {
+                let _: () = redis::cmd("HSET")
+                    .arg(&live.keys.order)
+                    .arg(&id)
+                    .arg(format!("o-{i}"))
+                    .query_async(&mut r)
+                    .await
+                    .unwrap();
+            }
         }
+        tab.call("Emulation.setDeviceMetricsOverride", serde_json::json!({ "width": 820, "height": 520, "deviceScaleFactor": 1, "mobile": false })).await;
+        tab.eval("opsMap.map.invalidateSize(); opsMap.map.fitBounds([[24.655, 46.62], [24.75, 46.75]], {animate: false}); true").await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         tab.screenshot(&p).await;
     }

@@ -4,12 +4,12 @@
 //! | route | token | answer |
 //! |---|---|---|
 //! | `GET /ops`, `GET /track/{order}`, `GET /maps/assets/{file}` | none | the page / bundle |
-//! | `GET /ops/api/live?bbox=w,s,e,n` | `ops` | [`View`]: markers, or clusters past `web.max_markers` |
+//! | `GET /ops/api/live?bbox=w,s,e,n[&cols=N]` | `ops` | [`View`]: markers, or clusters past `web.max_markers` (N columns, at most `web.cluster_columns`) |
 //! | `GET /ops/api/couriers/{id}` | `ops` | a courier's card: last seen, position, order, seq state |
 //! | `GET /ops/api/totals` | `ops` | live couriers, accepted points/s, loss counters |
 //! | `GET /track/{order}/status` | `viewer` for that order | `{"running": bool}` |
 //!
-//! A refresh is one or two Redis round trips: `GEOSEARCH ... BYBOX ... WITHCOORD COUNT
+//! A refresh is one or two Redis round trips: `GEOSEARCH ... BYBOX ... WITHHASH COUNT
 //! max_scan ANY`, then (when the view is drawn courier by courier) one pipeline of `ZMSCORE`
 //! on `couriers:seen` and `HMGET` on `courier:order` for those couriers. Coordinates are
 //! never logged.
@@ -17,7 +17,7 @@
 use crate::assets;
 use crate::config::WebConfig;
 use crate::error::WebError;
-use crate::live::{cluster, Ages, Bbox, Marker, SeqState, View};
+use crate::live::{cluster, decode_geohash, Ages, Bbox, Cluster, Marker, SeqState, View};
 use crate::totals;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -242,17 +242,28 @@ async fn live(
             return refusal(StatusCode::BAD_REQUEST, why);
         }
     };
-    match read_view(&s, &bbox).await {
+    // The page asks for a grid that fits its width (about 64 px a cell); the setting caps it.
+    let columns = q
+        .get("cols")
+        .and_then(|c| c.parse::<usize>().ok())
+        .unwrap_or(s.config.cluster_columns)
+        .clamp(4, s.config.cluster_columns);
+    match read_view(&s, &bbox, columns).await {
         Ok(v) => ok(R, v),
         Err(e) => redis_failed(R, e),
     }
 }
 
+/// Six decimals (0.1 m) are all a map shows; the full 17 digits would add a third to the bytes.
+fn micro(deg: f64) -> f64 {
+    (deg * 1e6).round() / 1e6
+}
+
 /// One refresh: the couriers in `bbox`, as markers or clusters.
-async fn read_view(s: &Shared, bbox: &Bbox) -> Result<View, redis::RedisError> {
+async fn read_view(s: &Shared, bbox: &Bbox, columns: usize) -> Result<View, redis::RedisError> {
     let mut conn = s.redis.clone();
     let (lon, lat, w, h) = bbox.search_box();
-    let found: Vec<(String, (f64, f64))> = redis::cmd("GEOSEARCH")
+    let found: Vec<(String, u64)> = redis::cmd("GEOSEARCH")
         .arg(&s.keys.live)
         .arg("FROMLONLAT")
         .arg(lon)
@@ -261,7 +272,7 @@ async fn read_view(s: &Shared, bbox: &Bbox) -> Result<View, redis::RedisError> {
         .arg(w)
         .arg(h)
         .arg("m")
-        .arg("WITHCOORD")
+        .arg("WITHHASH")
         .arg("COUNT")
         .arg(s.config.max_scan)
         .arg("ANY")
@@ -270,8 +281,11 @@ async fn read_view(s: &Shared, bbox: &Bbox) -> Result<View, redis::RedisError> {
     let truncated = found.len() >= s.config.max_scan;
     let inside: Vec<(String, f64, f64)> = found
         .into_iter()
-        .filter(|(_, (x, y))| bbox.contains(*y, *x))
-        .map(|(id, (x, y))| (id, y, x))
+        .map(|(id, hash)| {
+            let (lat, lon) = decode_geohash(hash);
+            (id, lat, lon)
+        })
+        .filter(|(_, lat, lon)| bbox.contains(*lat, *lon))
         .collect();
     let now = courier_wire::clock::unix_now();
     let mut view = View {
@@ -283,7 +297,10 @@ async fn read_view(s: &Shared, bbox: &Bbox) -> Result<View, redis::RedisError> {
     };
     if inside.len() > s.config.max_markers {
         let pts: Vec<(f64, f64)> = inside.iter().map(|(_, lat, lon)| (*lat, *lon)).collect();
-        view.clusters = cluster(&pts, bbox, s.config.cluster_columns);
+        view.clusters = cluster(&pts, bbox, columns)
+            .into_iter()
+            .map(|c| Cluster(micro(c.0), micro(c.1), c.2))
+            .collect();
         return Ok(view);
     }
     if inside.is_empty() {
@@ -311,7 +328,14 @@ async fn read_view(s: &Shared, bbox: &Bbox) -> Result<View, redis::RedisError> {
             } else {
                 -1.0
             };
-            Marker(id, lat, lon, shown, s.ages.classify(age), order)
+            Marker(
+                id,
+                micro(lat),
+                micro(lon),
+                shown,
+                s.ages.classify(age),
+                order,
+            )
         })
         .collect();
     Ok(view)

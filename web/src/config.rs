@@ -17,7 +17,8 @@ pub struct WebConfig {
     /// Couriers drawn one by one in a view at most; past it the view comes as grid clusters
     /// with counts.
     pub max_markers: usize,
-    /// Columns of the cluster grid over the view (rows follow its aspect ratio).
+    /// Columns of the cluster grid over the view at most (rows follow its aspect ratio); the
+    /// page asks for one column per 64 px of its width, within this.
     pub cluster_columns: usize,
     /// Couriers one refresh reads from Redis at most (the cap of a clustered view): bounds the
     /// server's work whatever the zoom.

@@ -87,7 +87,7 @@ function start() {
       }
     }
     for (const [lat, lon, n] of view.clusters) {
-      const size = Math.round(22 + 8 * Math.log10(n));
+      const size = Math.round(20 + 7 * Math.log10(n));
       L.marker([lat, lon], {
         icon: L.divIcon({ className: '', html: `<div class="cluster" style="width:${size}px;height:${size}px">${n}</div>`, iconSize: [size, size] }),
         keyboard: false,
@@ -105,7 +105,8 @@ function start() {
     if (stopped || inFlight) return;
     inFlight = true;
     try {
-      const r = await api(`/ops/api/live?bbox=${map.getBounds().toBBoxString()}`);
+      const cols = Math.max(4, Math.round(map.getSize().x / 64));
+      const r = await api(`/ops/api/live?bbox=${map.getBounds().toBBoxString()}&cols=${cols}`);
       if (r.ok) apply(await r.json());
       else $('updated').textContent = `refresh failed (${r.status})`;
     } catch (e) {

@@ -77,12 +77,16 @@ async function start() {
 
   let marker = null;
   let anim = null;
+  // The way the courier came, from the points this page received (the last 200).
+  const trace = L.polyline([], { color: '#2357d9', weight: 3, opacity: 0.35 }).addTo(map);
   let lastAt = null;
   // The marker glides from where it is to the new point, over about the time points arrive
   // apart (at most 2 s), so the courier seems to drive rather than jump.
   let gap = 1000;
   function moveTo(lat, lon) {
     const to = L.latLng(lat, lon);
+    trace.addLatLng(to);
+    if (trace.getLatLngs().length > 200) trace.setLatLngs(trace.getLatLngs().slice(-200));
     if (!marker) {
       marker = L.circleMarker(to, { radius: 9, color: '#fff', weight: 3, fillColor: '#2357d9', fillOpacity: 1 }).addTo(map);
       map.setView(to, 16, { animate: false });
