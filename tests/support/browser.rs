@@ -23,6 +23,8 @@ pub fn chromium_bin() -> PathBuf {
 }
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Value, Value>>>>>;
+/// Every event the browser sent: method, params, session.
+type Events = Arc<Mutex<Vec<(String, Value, Option<String>)>>>;
 
 pub struct Browser {
     child: Child,
@@ -30,7 +32,7 @@ pub struct Browser {
     out: mpsc::UnboundedSender<Message>,
     pending: Pending,
     /// Every event the browser sent (method, params, session), in order.
-    events: Arc<Mutex<Vec<(String, Value, Option<String>)>>>,
+    events: Events,
     next: AtomicU64,
 }
 
@@ -112,7 +114,7 @@ impl Browser {
             }
         });
         let pending: Pending = Arc::default();
-        let events: Arc<Mutex<Vec<(String, Value, Option<String>)>>> = Arc::default();
+        let events: Events = Arc::default();
         let (p, e) = (pending.clone(), events.clone());
         tokio::spawn(async move {
             while let Some(Ok(m)) = stream.next().await {

@@ -185,7 +185,7 @@ fn bearer(
     headers: &HeaderMap,
     keys: Option<&Verifier>,
     route: &'static str,
-) -> Result<Claims, Response> {
+) -> Result<Claims, Unauthorized> {
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -204,8 +204,17 @@ fn bearer(
     result.map_err(|reason| {
         count(route, "unauthorized");
         tracing::info!(route, reason, "maps request refused: token");
-        refusal(StatusCode::UNAUTHORIZED, "a valid bearer token is required")
+        Unauthorized
     })
+}
+
+/// The generic 401 of [`bearer`].
+struct Unauthorized;
+
+impl IntoResponse for Unauthorized {
+    fn into_response(self) -> Response {
+        refusal(StatusCode::UNAUTHORIZED, "a valid bearer token is required")
+    }
 }
 
 fn redis_failed(route: &'static str, e: redis::RedisError) -> Response {
@@ -233,7 +242,7 @@ async fn live(
 ) -> Response {
     const R: &str = "live";
     if let Err(r) = bearer(&headers, s.ops_keys.as_ref(), R) {
-        return r;
+        return r.into_response();
     }
     let bbox = match Bbox::parse(q.get("bbox").map(String::as_str).unwrap_or("")) {
         Ok(b) => b,
@@ -344,7 +353,7 @@ async fn read_view(s: &Shared, bbox: &Bbox, columns: usize) -> Result<View, redi
 async fn card(State(s): State<S>, headers: HeaderMap, Path(id): Path<String>) -> Response {
     const R: &str = "courier";
     if let Err(r) = bearer(&headers, s.ops_keys.as_ref(), R) {
-        return r;
+        return r.into_response();
     }
     if !courier_wire::topic::valid_id(&id) {
         count(R, "bad_request");
@@ -409,7 +418,7 @@ async fn card(State(s): State<S>, headers: HeaderMap, Path(id): Path<String>) ->
 async fn totals_route(State(s): State<S>, headers: HeaderMap) -> Response {
     const R: &str = "totals";
     if let Err(r) = bearer(&headers, s.ops_keys.as_ref(), R) {
-        return r;
+        return r.into_response();
     }
     let mut conn = s.redis.clone();
     let live: u64 = match redis::cmd("ZCARD")
@@ -455,7 +464,7 @@ async fn track_status(
     const R: &str = "track_status";
     let claims = match bearer(&headers, s.viewer_keys.as_ref(), R) {
         Ok(c) => c,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     // A token for another order learns nothing about this one: the same 401.
     if claims.order.as_deref() != Some(order.as_str()) {
