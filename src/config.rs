@@ -177,8 +177,8 @@ impl Default for HttpSection {
 pub struct AuthSection {
     /// Key directory (`AUTH_KEY_DIR`): `<aud>.key` signs the tokens of an audience this process
     /// mints, `<aud>.pub` / `<aud>.<label>.pub` / `.json` (PEM, JWK or JWKS) are the keys it
-    /// accepts; audiences `courier`, `viewer`, `trail`, `bus` (docs/security.md). Unset: roles
-    /// that check tokens refuse to start.
+    /// accepts; audiences `courier`, `viewer`, `trail`, `bus`, `privacy`, `ops`
+    /// (docs/security.md). Unset: roles that check tokens refuse to start.
     pub key_dir: Option<PathBuf>,
 }
 
