@@ -56,6 +56,8 @@ pub enum AppError {
     Edge(#[from] edge::EdgeError),
     #[error("notify: {0}")]
     Notify(#[from] notify::NotifyError),
+    #[error("maps: {0}")]
+    Web(web::WebError),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Listen {
         what: &'static str,
@@ -100,6 +102,7 @@ pub async fn run(
         let l = listener("metrics", addr)?;
         let stop = shutdown.clone();
         let ready = readiness.clone();
+        let handle = handle.clone();
         tokio::spawn(async move {
             if let Err(e) = telemetry::serve_metrics(l, handle, ready, stop).await {
                 tracing::error!(error = %e, "metrics endpoint stopped");
@@ -210,6 +213,9 @@ pub async fn run(
             Some(k) => trail = trail.with_courier_keys(k),
             None => tracing::info!("no courier.pub: couriers' own-trail (access) not served"),
         }
+        if let Some(k) = optional(Audience::Ops) {
+            trail = trail.with_ops_keys(k);
+        }
         routes.push(trail.router());
         routes.push(AggregateApi::new(&config.database_url, keys, clock.clone()).router());
         match optional(Audience::Privacy) {
@@ -265,8 +271,12 @@ pub async fn run(
             .and_then(|s| Ok((s, config.verifier(Audience::Viewer, why)?)));
         match (keys, config.fanout.service_key.is_some()) {
             (Ok((signer, verifier)), true) => {
+                let mut fanout_config = config.fanout.clone();
+                if config.web.enabled {
+                    fanout_config.tracking_page_url = Some(page_url(&config));
+                }
                 let fanout = Fanout {
-                    config: config.fanout.clone(),
+                    config: fanout_config,
                     mqtt: config.worker_endpoint("fanout"),
                     redis: config.redis.clone(),
                     keys: config.keys.clone(),
@@ -340,6 +350,31 @@ pub async fn run(
         }
         let stop = shutdown.clone();
         roles.spawn(async move { Ok(edge.run(bus, stop).await?) });
+    }
+    // The maps ride along with the roles that serve HTTP (they need no worker of their own).
+    if !routes.is_empty() && config.web.enabled {
+        let key = |aud| config.auth.as_ref().and_then(|k| k.verifier(aud)).cloned();
+        let ops_keys = key(Audience::Ops);
+        if ops_keys.is_none() {
+            tracing::warn!("no ops.pub: the operations map refuses everyone");
+        }
+        let metrics_text = handle.clone();
+        let maps = web::Web {
+            config: config.web.clone(),
+            redis: config.redis.clone(),
+            keys: config.keys.clone(),
+            ops_keys,
+            viewer_keys: key(Audience::Viewer),
+            evict_after: config.ingest.evict_after,
+            ws_url: config
+                .fanout
+                .public_ws_url
+                .clone()
+                .unwrap_or_else(|| format!("ws://{}{}", config.ws_listen, fanout::PATH)),
+            metrics: Some(Arc::new(move || metrics_text.render())),
+        };
+        routes.push(maps.router().await.map_err(AppError::Web)?);
+        tracing::info!(ops = %format!("{}/ops", page_url(&config)), "live maps served");
     }
     if !routes.is_empty() {
         if let Some(keys) = &config.auth {
@@ -426,6 +461,15 @@ async fn status_line(
         );
         last = received;
     }
+}
+
+/// Where customers and ops staff reach the maps: `web.public_url`, else `http://<HTTP_LISTEN>`.
+fn page_url(config: &Config) -> String {
+    config
+        .web
+        .public_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", config.http_listen))
 }
 
 /// `/.well-known/jwks.json`: the public keys this process accepts (RFC 7517), so that other

@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use web::WebConfig;
 
 /// The file as written. Every field has a default.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -30,6 +31,8 @@ pub struct FileConfig {
     pub edge: EdgeConfig,
     /// Order events and their webhooks (`[notify]`, docs/events.md).
     pub notify: NotifyConfig,
+    /// The live maps: `/ops` and `/track/<order>` on HTTP_LISTEN (`[web]`, docs/maps.md).
+    pub web: WebConfig,
     /// How long shutdown may take (drain queues, flush the last batch) before the process exits.
     #[serde(with = "courier_wire::duration")]
     pub shutdown_grace: Duration,
@@ -49,6 +52,7 @@ impl Default for FileConfig {
             fanout: FanoutConfig::default(),
             edge: EdgeConfig::default(),
             notify: NotifyConfig::default(),
+            web: WebConfig::default(),
             shutdown_grace: Duration::from_secs(10),
         }
     }
@@ -173,8 +177,8 @@ impl Default for HttpSection {
 pub struct AuthSection {
     /// Key directory (`AUTH_KEY_DIR`): `<aud>.key` signs the tokens of an audience this process
     /// mints, `<aud>.pub` / `<aud>.<label>.pub` / `.json` (PEM, JWK or JWKS) are the keys it
-    /// accepts; audiences `courier`, `viewer`, `trail`, `bus` (docs/security.md). Unset: roles
-    /// that check tokens refuse to start.
+    /// accepts; audiences `courier`, `viewer`, `trail`, `bus`, `privacy`, `ops`
+    /// (docs/security.md). Unset: roles that check tokens refuse to start.
     pub key_dir: Option<PathBuf>,
 }
 
@@ -254,6 +258,7 @@ pub struct Config {
     pub fanout: FanoutConfig,
     pub edge: EdgeSettings,
     pub notify: NotifyConfig,
+    pub web: WebConfig,
     pub shutdown_grace: Duration,
 }
 
@@ -502,6 +507,10 @@ impl FileConfig {
             let (setting, reason) = e.split_once(' ').unwrap_or((e.as_str(), ""));
             err(setting, reason)
         })?;
+        self.web.validate().map_err(|e| {
+            let (setting, reason) = e.split_once(' ').unwrap_or((e.as_str(), ""));
+            err(setting, reason)
+        })?;
         Ok(Config {
             broker,
             redis,
@@ -518,6 +527,7 @@ impl FileConfig {
             fanout: self.fanout,
             edge,
             notify: self.notify,
+            web: self.web,
             shutdown_grace: self.shutdown_grace,
         })
     }

@@ -136,6 +136,16 @@ enum TokenCommand {
         #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
         ttl: Duration,
     },
+    /// An operations user's token for the live map `/ops` (audience `ops`, signed with
+    /// ops.key), on stdout; the trail API admits it too (docs/maps.md).
+    Ops {
+        /// Who will use it; recorded in trail_access_log as `ops:<user>`.
+        #[arg(long, alias = "actor")]
+        user: String,
+        /// How long it is valid, e.g. `8h` (a shift).
+        #[arg(long, default_value = "8h", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+    },
     /// A courier's device token (MQTT password at the edge; username = the courier id), signed
     /// with courier.key. Rotation: docs/security.md.
     Courier {
@@ -335,6 +345,12 @@ fn real_main() -> anyhow::Result<()> {
                 check_actor(&actor)?;
                 return mint(&config, Audience::Privacy, |now| {
                     courier_auth::Claims::privacy(actor.trim(), now, ttl.as_secs())
+                });
+            }
+            Command::Token(TokenCommand::Ops { user, ttl }) => {
+                check_actor(&user)?;
+                return mint(&config, Audience::Ops, |now| {
+                    courier_auth::Claims::ops(user.trim(), now, ttl.as_secs())
                 });
             }
             Command::Token(TokenCommand::Courier { id, ttl }) => {
@@ -616,6 +632,7 @@ fn mints(command: &Command) -> Vec<Audience> {
         Command::Token(TokenCommand::Courier { .. }) => vec![Audience::Courier],
         Command::Token(TokenCommand::Trail { .. }) => vec![Audience::Trail],
         Command::Token(TokenCommand::Privacy { .. }) => vec![Audience::Privacy],
+        Command::Token(TokenCommand::Ops { .. }) => vec![Audience::Ops],
         Command::Token(TokenCommand::Bus { .. }) => vec![Audience::Bus],
         Command::Broker(_)
         | Command::Notify(_)
@@ -683,6 +700,7 @@ mod tests {
         assert_eq!(mints_of("cp ingest"), [Bus]);
         assert_eq!(mints_of("cp token trail --actor a"), [Trail]);
         assert_eq!(mints_of("cp token privacy --actor a"), [Privacy]);
+        assert_eq!(mints_of("cp token ops --user a"), [Ops]);
         assert_eq!(mints_of("cp simulate --couriers 5"), [Courier]);
         assert_eq!(
             mints_of("cp simulate --couriers 5 --orders 2"),

@@ -10,6 +10,7 @@
 //! | `trail`   | support staff                | the support login (`token trail`) | the trail API           |
 //! | `bus`     | the pipeline's own workers   | each worker, or `token bus`   | the embedded bus broker     |
 //! | `privacy` | the data-protection officer  | `token privacy`               | the erasure API (history)   |
+//! | `ops`     | operations staff             | `token ops`                   | the operations map (web), the trail API |
 //!
 //! A process reads the private key only of the audiences it mints for and public keys for
 //! those it checks, so the internet-facing edge can mint nothing. Tokens carry a `kid` header;
@@ -38,15 +39,19 @@ pub enum Audience {
     /// The data-protection officer erasing a courier's data (audited). Its own key, so that no
     /// support (trail) token can erase.
     Privacy,
+    /// Operations staff on the live map (`/ops`); also admitted by the trail API (audited).
+    /// Its own key, so that a support (trail) token cannot watch the whole fleet live.
+    Ops,
 }
 
 impl Audience {
-    pub const ALL: [Audience; 5] = [
+    pub const ALL: [Audience; 6] = [
         Audience::Courier,
         Audience::Viewer,
         Audience::Trail,
         Audience::Bus,
         Audience::Privacy,
+        Audience::Ops,
     ];
 
     /// The `aud` claim, also the key files' name (`<aud>.key`, `<aud>.pub`).
@@ -57,6 +62,7 @@ impl Audience {
             Audience::Trail => "trail",
             Audience::Bus => "bus",
             Audience::Privacy => "privacy",
+            Audience::Ops => "ops",
         }
     }
 
@@ -120,6 +126,11 @@ impl Claims {
     /// A data-protection officer's erasure token; `sub` is recorded in the erasure log.
     pub fn privacy(actor: &str, now: u64, ttl_secs: u64) -> Self {
         Self::new(Audience::Privacy, actor, now, ttl_secs)
+    }
+
+    /// An operations user's map token; `sub` names him in the trail access log.
+    pub fn ops(user: &str, now: u64, ttl_secs: u64) -> Self {
+        Self::new(Audience::Ops, user, now, ttl_secs)
     }
 
     /// A worker's bus login; `sub` is its role.

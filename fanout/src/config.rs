@@ -29,6 +29,11 @@ pub struct FanoutConfig {
     pub max_sessions_per_token: usize,
     /// The WebSocket URL handed out with a token; unset: `ws://<WS_LISTEN>/mqtt`.
     pub public_ws_url: Option<String>,
+    /// Base URL of the tracking page (`<base>/track/<order>?token=...`) handed out as
+    /// `tracking_url`; not read from the file: the process sets it from `web.public_url` when
+    /// it serves the maps. `None`: no `tracking_url`.
+    #[serde(skip)]
+    pub tracking_page_url: Option<String>,
     /// Time a new connection has to finish the WebSocket handshake and send CONNECT.
     #[serde(with = "courier_wire::duration")]
     pub connect_timeout: Duration,
@@ -74,6 +79,7 @@ impl Default for FanoutConfig {
             max_viewers: 50_000,
             max_sessions_per_token: 4,
             public_ws_url: None,
+            tracking_page_url: None,
             connect_timeout: Duration::from_secs(5),
             max_packet_bytes: 4096,
             idempotency_ttl: Duration::from_secs(24 * 3600),

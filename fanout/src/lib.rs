@@ -95,19 +95,22 @@ impl Fanout {
             .public_ws_url
             .clone()
             .unwrap_or_else(|| format!("ws://{}{}", self.ws_listen, PATH));
-        let api = Arc::new(orders::OrdersApi::new(
-            redis.clone(),
-            self.keys.clone(),
-            self.signer,
-            service_key,
-            self.config.token_ttl,
-            ws_url,
-            self.config.idempotency_ttl,
-            hub.clone(),
-            self.stats.clone(),
-            self.config.events_stream_max,
-            self.config.max_orders_per_courier,
-        ));
+        let api = Arc::new(
+            orders::OrdersApi::new(
+                redis.clone(),
+                self.keys.clone(),
+                self.signer,
+                service_key,
+                self.config.token_ttl,
+                ws_url,
+                self.config.idempotency_ttl,
+                hub.clone(),
+                self.stats.clone(),
+                self.config.events_stream_max,
+                self.config.max_orders_per_courier,
+            )
+            .with_tracking_page(self.config.tracking_page_url.clone()),
+        );
         let gateway = Arc::new(gateway::Gateway {
             hub,
             tokens: self.verifier,

@@ -7,7 +7,8 @@
 //!   whose webhook endpoints get the order's events; `pickup` / `dropoff` (`{"lat","lon"}`) are
 //!   the places whose arrival ingest reports (`courier.arriving_pickup` / `_dropoff`).
 //! - `POST /orders/{order}/tracking-token` `{"viewer":"customer"|"restaurant"}`: a short-lived
-//!   token for this order only, with the topic and the WebSocket URL.
+//!   token for this order only, with the topic and the WebSocket URL, and `tracking_url`
+//!   (the customer page `/track/<order>?token=...`) when the process serves the maps.
 //! - `POST /orders/{order}/events` + `Idempotency-Key`: `picked_up`, `delivered`. A replay of
 //!   the key returns the first answer and does nothing again; the key with another body is
 //!   refused (422). `delivered` ends the order everywhere.
@@ -47,6 +48,8 @@ pub(crate) struct OrdersApi {
     pub service_key: String,
     pub token_ttl: Duration,
     pub ws_url: String,
+    /// Base of `tracking_url` (the maps' public URL); `None`: not handed out.
+    pub tracking_page_url: Option<String>,
     pub idempotency_ttl: Duration,
     pub hub: Arc<Hub>,
     pub stats: Arc<Stats>,
@@ -59,6 +62,12 @@ pub(crate) struct OrdersApi {
 }
 
 impl OrdersApi {
+    /// Hands out `tracking_url` with each token when `base` is set.
+    pub(crate) fn with_tracking_page(mut self, base: Option<String>) -> Self {
+        self.tracking_page_url = base.map(|b| b.trim_end_matches('/').to_string());
+        self
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         redis: courier_wire::RedisConn,
@@ -80,6 +89,7 @@ impl OrdersApi {
             service_key,
             token_ttl,
             ws_url,
+            tracking_page_url: None,
             idempotency_ttl,
             hub,
             stats,
@@ -361,15 +371,19 @@ async fn token_inner(
     let now = courier_wire::clock::unix_now() as u64;
     let claims = Claims::viewer(viewer, order, now, api.token_ttl.as_secs());
     let token = api.signer.sign(&claims);
-    Ok(Json(json!({
+    let mut answer = json!({
         "token": token,
         "expires_at": claims.exp,
         "topic": courier_wire::track_topic(order),
         "ws_url": api.ws_url,
         "subprotocol": crate::SUBPROTOCOL,
         "viewer": viewer,
-    }))
-    .into_response())
+    });
+    // Order ids and tokens are URL-safe as they are (valid_id; base64url JWT).
+    if let Some(base) = &api.tracking_page_url {
+        answer["tracking_url"] = json!(format!("{base}/track/{order}?token={token}"));
+    }
+    Ok(Json(answer).into_response())
 }
 
 async fn event(

@@ -18,6 +18,10 @@
 //! right of access): a device token of the `courier` audience whose `sub` is `{id}`, any other
 //! courier's id is 403; no reason needed; audited the same, under actor `courier:<id>`.
 //!
+//! Operations staff's tokens (audience `ops`, the live map's) are admitted on `trail` too when
+//! [`Trail::with_ops_keys`] gave their keys: the same reason and window rules, audited under
+//! actor `ops:<user>` so the log tells a map user from a support tool.
+//!
 //! Errors are JSON `{"error": "..."}`.
 
 use crate::config::HistoryConfig;
@@ -53,6 +57,8 @@ struct Inner {
     keys: Verifier,
     /// The courier audience's public keys, for `own-trail`; `None`: that route is not served.
     own_keys: Option<Verifier>,
+    /// The ops audience's public keys, also admitted on `trail`; `None`: trail tokens only.
+    ops_keys: Option<Verifier>,
     max_window: Duration,
     max_points: usize,
     clock: Clock,
@@ -189,6 +195,7 @@ impl Trail {
                 url: database_url.to_string(),
                 keys,
                 own_keys: None,
+                ops_keys: None,
                 max_window: config.trail_max_window,
                 max_points: config.trail_max_points,
                 clock,
@@ -206,6 +213,19 @@ impl Trail {
         Trail {
             inner: Arc::new(Inner {
                 own_keys: Some(keys),
+                ..inner
+            }),
+        }
+    }
+
+    /// Also admits operations staff's map tokens on `trail`, checking them with `keys`.
+    pub fn with_ops_keys(self, keys: Verifier) -> Self {
+        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|_| {
+            unreachable!("with_ops_keys is called on a fresh Trail, before any clone")
+        });
+        Trail {
+            inner: Arc::new(Inner {
+                ops_keys: Some(keys),
                 ..inner
             }),
         }
@@ -360,7 +380,18 @@ async fn answer(
         (true, None) => return Err(Refusal::new(StatusCode::NOT_FOUND, "not served here")),
         (false, _) => &trail.inner.keys,
     };
-    let claims = bearer(headers, keys, now).map_err(unauthorized)?;
+    // An ops token is signed with another key (its kid is unknown to the trail keys): tried
+    // second, and a refusal reports the trail keys' reason.
+    let (claims, via_ops) = match bearer(headers, keys, now) {
+        Ok(c) => (c, false),
+        Err(why) => match (own, &trail.inner.ops_keys) {
+            (false, Some(ops)) => (
+                bearer(headers, ops, now).map_err(|_| unauthorized(why))?,
+                true,
+            ),
+            _ => return Err(unauthorized(why)),
+        },
+    };
 
     let Path(courier) = path.map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     if !courier_wire::topic::valid_id(&courier) {
@@ -387,6 +418,8 @@ async fn answer(
     };
     let actor = if own {
         format!("courier:{}", claims.sub)
+    } else if via_ops {
+        format!("ops:{}", claims.sub)
     } else {
         claims.sub.clone()
     };

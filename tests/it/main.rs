@@ -21,6 +21,7 @@ mod fanout;
 mod faults;
 mod history;
 mod live_path;
+mod maps;
 mod mosquitto_acl;
 mod notify;
 mod privacy;

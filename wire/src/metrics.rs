@@ -1,6 +1,9 @@
 //! Every Prometheus metric name of courier-pipeline, in one place. Labels never carry a courier
 //! or order id: their values come from small fixed sets (results, reasons).
 
+/// Counter, labels `route` (live, courier, totals, track_status) and `result` (ok,
+/// unauthorized, bad_request, not_found, error): the maps' data requests.
+pub const WEB_REQUESTS: &str = "web_requests_total";
 /// Counter, label `result`: accepted | stale | invalid | dropped | error.
 pub const INGEST_POINTS: &str = "ingest_points_total";
 /// Counter, label `reason`: one of [`crate::Invalid::reason`].
@@ -245,6 +248,7 @@ pub const ALL: &[&str] = &[
     ERASURE_REQUESTS,
     ERASURE_POINTS,
     ACCESS_REQUESTS,
+    WEB_REQUESTS,
 ];
 
 #[cfg(test)]

@@ -5,18 +5,22 @@
 // Each test binary uses a part of this: what it leaves unused is not a defect.
 #![allow(dead_code, unused_imports)]
 
+mod browser;
 mod cluster;
 mod http;
 mod keys;
 mod live;
+mod maps;
 mod pg;
 mod phones;
 mod tls;
 mod viewers;
+pub use browser::*;
 pub use cluster::*;
 pub use http::*;
 pub use keys::*;
 pub use live::*;
+pub use maps::*;
 pub use pg::*;
 pub use phones::*;
 pub use tls::*;
