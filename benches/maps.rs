@@ -133,6 +133,12 @@ async fn measure(maps: &RunningMaps, token: &str, bbox: (f64, f64, f64, f64), n:
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this binary without it,
+    // and a benchmark has no business inside the test suite (this one took a minute there).
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("maps: benchmark skipped (run it with ./dev bench maps)");
+        return;
+    }
     let couriers: u64 = common::env_or("MAPS_BENCH_COURIERS", 60_000);
     let refreshes: usize = common::env_or("MAPS_BENCH_REFRESHES", 40);
     let seconds: u64 = common::env_or("MAPS_BENCH_SECONDS", 8);

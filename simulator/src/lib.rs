@@ -14,6 +14,7 @@
 //! per courier by default, each with its Last Will), `watchers` (orders and viewers), `orders`
 //! (the orders API client).
 
+pub mod cli;
 pub mod config;
 pub(crate) mod faults;
 pub(crate) mod histogram;
