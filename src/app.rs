@@ -89,7 +89,8 @@ fn listener(what: &'static str, addr: SocketAddr) -> Result<tokio::net::TcpListe
     tokio::net::TcpListener::from_std(l).map_err(|source| AppError::Listen { what, addr, source })
 }
 
-/// Runs `role` until `shutdown`, then stops intake, drains and returns.
+/// Runs `role` until `shutdown`, then stops intake, drains and returns: one start function per
+/// role below, each adding its tasks, routes and readiness checks.
 pub async fn run(
     config: Config,
     role: Role,
@@ -110,13 +111,104 @@ pub async fn run(
         });
     }
 
-    // The edge binds first: a port in use is a start-up error before anything else runs.
     let edge_stats = Arc::new(edge::Stats::default());
     let courier_keys = config.verifier(
         Audience::Courier,
         "the edge checks the couriers' device tokens with it",
     );
-    let mut phones = match (role, courier_keys) {
+    let cx = Ctx {
+        config: &config,
+        role,
+        shutdown: &shutdown,
+        readiness: &readiness,
+    };
+    let mut phones = bind_edge(&cx, courier_keys, &edge_stats)?;
+    start_broker(&cx, &mut phones)?;
+    let stats = Arc::new(Stats::default());
+    let history_stats = Arc::new(history_writer::Stats::default());
+    if let Some(every) = opts.status_every {
+        let history = role.runs(Role::History).then(|| history_stats.clone());
+        let edge = phones.is_some().then(|| edge_stats.clone());
+        tokio::spawn(status_line(
+            stats.clone(),
+            history,
+            edge,
+            every,
+            shutdown.clone(),
+        ));
+    }
+
+    let mut tasks = Tasks {
+        roles: JoinSet::new(),
+        routes: Vec::new(),
+    };
+    if role.runs(Role::History) {
+        start_history(&cx, &mut tasks, &history_stats)?;
+    }
+    if role.runs(Role::Ingest) {
+        start_ingest(&cx, &mut tasks, &stats);
+    }
+    if role.runs(Role::Fanout) {
+        start_fanout(&cx, &mut tasks).await?;
+    }
+    if role.runs(Role::Notify) {
+        start_notify(&cx, &mut tasks)?;
+    }
+    if let Some(edge) = phones {
+        start_edge(&cx, &mut tasks, edge, &edge_stats);
+    }
+    // The maps ride along with the roles that serve HTTP (they need no worker of their own).
+    if !tasks.routes.is_empty() && config.web.enabled {
+        start_maps(&cx, &mut tasks, &handle).await?;
+    }
+    if !tasks.routes.is_empty() {
+        start_http(&cx, &mut tasks)?;
+    }
+    let mut roles = tasks.roles;
+    if roles.is_empty() {
+        // The broker alone: it runs on its own threads until the process ends.
+        shutdown.cancelled().await;
+        return Ok(());
+    }
+
+    let mut first_error = None;
+    while let Some(joined) = roles.join_next().await {
+        let result = joined
+            .map_err(|e| AppError::Panicked(e.to_string()))
+            .and_then(|r| r);
+        if let Err(e) = result {
+            tracing::error!(error = %e, "role failed; stopping the others");
+            shutdown.cancel();
+            first_error.get_or_insert(e);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// What every start function reads: the settings, the role asked for, the shutdown signal and
+/// the readiness checks it adds to.
+#[derive(Clone, Copy)]
+struct Ctx<'a> {
+    config: &'a Config,
+    role: Role,
+    shutdown: &'a CancellationToken,
+    readiness: &'a telemetry::Readiness,
+}
+
+/// What the start functions add: the roles' tasks and the HTTP routes served together.
+struct Tasks {
+    roles: JoinSet<Result<(), AppError>>,
+    routes: Vec<axum::Router>,
+}
+
+/// The edge binds first: a port in use is a start-up error before anything else runs.
+fn bind_edge(
+    cx: &Ctx<'_>,
+    courier_keys: Result<&courier_auth::Verifier, crate::config::ConfigError>,
+    edge_stats: &Arc<edge::Stats>,
+) -> Result<Option<edge::Bound>, AppError> {
+    let Ctx { config, role, .. } = *cx;
+    Ok(match (role, courier_keys) {
         (Role::All | Role::Edge, Ok(keys)) => {
             let bound = edge::Edge {
                 settings: config.edge.clone(),
@@ -140,8 +232,15 @@ pub async fn run(
             None
         }
         _ => None,
-    };
+    })
+}
 
+/// The embedded bus broker, for `run` and `broker` unless MQTT_URL names another.
+fn start_broker(cx: &Ctx<'_>, phones: &mut Option<edge::Bound>) -> Result<(), AppError> {
+    let Ctx {
+        config, readiness, ..
+    } = *cx;
+    let role = cx.role;
     match (&config.broker, role) {
         (
             Broker::Embedded {
@@ -177,242 +276,281 @@ pub async fn run(
         (Broker::External(_), Role::Broker) => return Err(AppError::BrokerIsExternal),
         _ => {}
     }
+    Ok(())
+}
 
-    let stats = Arc::new(Stats::default());
-    let history_stats = Arc::new(history_writer::Stats::default());
-    if let Some(every) = opts.status_every {
-        let history = role.runs(Role::History).then(|| history_stats.clone());
-        let edge = phones.is_some().then(|| edge_stats.clone());
-        tokio::spawn(status_line(
-            stats.clone(),
-            history,
-            edge,
-            every,
-            shutdown.clone(),
-        ));
+/// The history writer, with the trail, aggregates and erasure APIs.
+fn start_history(
+    cx: &Ctx<'_>,
+    tasks: &mut Tasks,
+    history_stats: &Arc<history_writer::Stats>,
+) -> Result<(), AppError> {
+    let Ctx {
+        config,
+        shutdown,
+        readiness,
+        ..
+    } = *cx;
+    let keys = config
+        .verifier(
+            Audience::Trail,
+            "the trail API checks support staff's tokens with it",
+        )?
+        .clone();
+    let clock = history_writer::system_clock();
+    let optional = |aud| config.auth.as_ref().and_then(|k| k.verifier(aud)).cloned();
+    let mut trail = Trail::new(
+        &config.database_url,
+        keys.clone(),
+        &config.history,
+        clock.clone(),
+    );
+    match optional(Audience::Courier) {
+        Some(k) => trail = trail.with_courier_keys(k),
+        None => tracing::info!("no courier.pub: couriers' own-trail (access) not served"),
     }
-
-    let mut roles: JoinSet<Result<(), AppError>> = JoinSet::new();
-    let mut routes: Vec<axum::Router> = Vec::new();
-    if role.runs(Role::History) {
-        let keys = config
-            .verifier(
-                Audience::Trail,
-                "the trail API checks support staff's tokens with it",
+    if let Some(k) = optional(Audience::Ops) {
+        trail = trail.with_ops_keys(k);
+    }
+    tasks.routes.push(trail.router());
+    tasks
+        .routes
+        .push(AggregateApi::new(&config.database_url, keys, clock.clone()).router());
+    match optional(Audience::Privacy) {
+        Some(k) => tasks.routes.push(
+            Erasure::new(
+                &config.database_url,
+                &config.redis,
+                config.keys.clone(),
+                k,
+                clock.clone(),
             )?
-            .clone();
-        let clock = history_writer::system_clock();
-        let optional = |aud| config.auth.as_ref().and_then(|k| k.verifier(aud)).cloned();
-        let mut trail = Trail::new(
-            &config.database_url,
-            keys.clone(),
-            &config.history,
-            clock.clone(),
-        );
-        match optional(Audience::Courier) {
-            Some(k) => trail = trail.with_courier_keys(k),
-            None => tracing::info!("no courier.pub: couriers' own-trail (access) not served"),
-        }
-        if let Some(k) = optional(Audience::Ops) {
-            trail = trail.with_ops_keys(k);
-        }
-        routes.push(trail.router());
-        routes.push(AggregateApi::new(&config.database_url, keys, clock.clone()).router());
-        match optional(Audience::Privacy) {
-            Some(k) => routes.push(
-                Erasure::new(
-                    &config.database_url,
-                    &config.redis,
-                    config.keys.clone(),
-                    k,
-                    clock.clone(),
-                )?
-                .router(),
-            ),
-            None => tracing::info!("no privacy.pub: the erasure API is not served"),
-        }
-        let writer = HistoryWriter {
-            config: config.history.clone(),
-            mqtt: config.worker_endpoint("history"),
-            database_url: config.database_url.clone(),
-            redis: config.redis.clone(),
-            keys: config.keys.clone(),
-            validation: config.ingest.validation(),
-            stats: history_stats.clone(),
-            clock,
-        };
-        let (m, p) = (history_stats.clone(), history_stats.clone());
-        readiness.add("history.mqtt", move || m.mqtt_up.get());
-        readiness.add("history.postgres", move || p.pg_up.get());
-        tracing::info!(group = %config.history.group, "history writer starting");
-        let stop = shutdown.clone();
-        roles.spawn(async move { Ok(writer.run(stop).await?) });
+            .router(),
+        ),
+        None => tracing::info!("no privacy.pub: the erasure API is not served"),
     }
-    if role.runs(Role::Ingest) {
-        let ingest = Ingest {
-            config: config.ingest.clone(),
-            mqtt: config.worker_endpoint("ingest"),
-            redis: config.redis.clone(),
-            keys: config.keys.clone(),
-            stats: stats.clone(),
-        };
-        let (m, r) = (stats.clone(), stats.clone());
-        readiness.add("ingest.mqtt", move || m.mqtt_up.get());
-        readiness.add("ingest.redis", move || r.redis_up.get());
-        tracing::info!(workers = config.ingest.workers, group = %config.ingest.group, redis = %config.redis, "ingest starting");
-        let stop = shutdown.clone();
-        roles.spawn(async move { Ok(ingest.run(stop).await?) });
-    }
-    if role.runs(Role::Fanout) {
-        let fanout_stats = Arc::new(fanout::Stats::default());
-        let why = "the orders API mints tracking tokens and the viewer gateway checks them";
-        let keys = config
-            .signer(Audience::Viewer, why)
-            .and_then(|s| Ok((s, config.verifier(Audience::Viewer, why)?)));
-        match (keys, config.fanout.service_key.is_some()) {
-            (Ok((signer, verifier)), true) => {
-                let mut fanout_config = config.fanout.clone();
-                if config.web.enabled {
-                    fanout_config.tracking_page_url = Some(page_url(&config));
-                }
-                let fanout = Fanout {
-                    config: fanout_config,
-                    mqtt: config.worker_endpoint("fanout"),
-                    redis: config.redis.clone(),
-                    keys: config.keys.clone(),
-                    signer: signer.clone(),
-                    verifier: verifier.clone(),
-                    ws_listen: config.ws_listen,
-                    stats: fanout_stats.clone(),
-                }
-                .prepare()
-                .await?;
-                routes.push(fanout.router());
-                let m = fanout_stats.clone();
-                readiness.add("fanout.mqtt", move || m.mqtt_up.get());
-                let l = listener("ws", config.ws_listen)?;
-                tracing::info!(ws = %config.ws_listen, "fanout viewer gateway listening");
-                let stop = shutdown.clone();
-                roles.spawn(async move { Ok(fanout.run(l, stop).await?) });
-            }
-            // `run` starts what is configured; asked for by name, fanout needs its keys.
-            (Err(e), _) if role == Role::All => tracing::warn!("fanout not started: {e}"),
-            _ if role == Role::All => {
-                tracing::warn!("fanout not started: set SERVICE_KEY")
-            }
-            (Err(e), _) => return Err(e.into()),
-            (_, false) => {
-                return Err(FanoutError::Config(
-                    "SERVICE_KEY is required by the fanout role".into(),
-                )
-                .into())
-            }
-        }
-    }
-    if role.runs(Role::Notify) {
-        match &config.fanout.service_key {
-            Some(key) => {
-                let n = notify::Notify {
-                    config: config.notify.clone(),
-                    redis: config.redis.clone(),
-                    database_url: config.database_url.clone(),
-                    keys: config.keys.clone(),
-                    stats: Arc::new(notify::Stats::default()),
-                };
-                routes.push(n.router(key.clone()));
-                tracing::info!(group = %config.notify.group, "notify (order events, webhooks) starting");
-                let stop = shutdown.clone();
-                roles.spawn(async move { Ok(n.run(stop).await?) });
-            }
-            None if role == Role::All => {
-                tracing::warn!("notify not started: set SERVICE_KEY")
-            }
-            None => {
-                return Err(notify::NotifyError::Config(
-                    "SERVICE_KEY is required by the notify role (its webhooks API)".into(),
-                )
-                .into())
-            }
-        }
-    }
-    if let Some(edge) = phones {
-        // Without the in-process link (an external bus, or `courier-pipeline edge`), the edge
-        // forwards over MQTT with a service login.
-        let bus = config.worker_endpoint("edge");
-        if role == Role::Edge && bus.password.is_none() {
-            tracing::warn!("the edge has no bus login (the bus must then admit anonymous clients): set MQTT_TOKEN, e.g. from `courier-pipeline token bus --role edge`");
-        }
-        let bus = Some(bus);
-        let up = edge_stats.clone();
-        readiness.add("edge.bus", move || up.bus_up.get());
-        for (via, addr) in edge.local_addrs() {
-            tracing::info!(%addr, transport = via.label(), "edge listening for phones");
-        }
-        let stop = shutdown.clone();
-        roles.spawn(async move { Ok(edge.run(bus, stop).await?) });
-    }
-    // The maps ride along with the roles that serve HTTP (they need no worker of their own).
-    if !routes.is_empty() && config.web.enabled {
-        let key = |aud| config.auth.as_ref().and_then(|k| k.verifier(aud)).cloned();
-        let ops_keys = key(Audience::Ops);
-        if ops_keys.is_none() {
-            tracing::warn!("no ops.pub: the operations map refuses everyone");
-        }
-        let metrics_text = handle.clone();
-        let maps = web::Web {
-            config: config.web.clone(),
-            redis: config.redis.clone(),
-            keys: config.keys.clone(),
-            ops_keys,
-            viewer_keys: key(Audience::Viewer),
-            evict_after: config.ingest.evict_after,
-            ws_url: config
-                .fanout
-                .public_ws_url
-                .clone()
-                .unwrap_or_else(|| format!("ws://{}{}", config.ws_listen, fanout::PATH)),
-            metrics: Some(Arc::new(move || metrics_text.render())),
-        };
-        routes.push(maps.router().await.map_err(AppError::Web)?);
-        tracing::info!(ops = %format!("{}/ops", page_url(&config)), "live maps served");
-    }
-    if !routes.is_empty() {
-        if let Some(keys) = &config.auth {
-            routes.push(jwks_route(keys));
-        }
-        let l = listener("http", config.http_listen)?;
-        let app = routes
-            .into_iter()
-            .fold(axum::Router::new(), axum::Router::merge);
-        let stop = shutdown.clone();
-        roles.spawn(async move {
-            crate::http::serve(l, app, crate::http::HttpLimits::default(), stop)
-                .await
-                .map_err(|source| AppError::Listen {
-                    what: "http",
-                    addr: config.http_listen,
-                    source,
-                })
-        });
-    }
-    if roles.is_empty() {
-        // The broker alone: it runs on its own threads until the process ends.
-        shutdown.cancelled().await;
-        return Ok(());
-    }
+    let writer = HistoryWriter {
+        config: config.history.clone(),
+        mqtt: config.worker_endpoint("history"),
+        database_url: config.database_url.clone(),
+        redis: config.redis.clone(),
+        keys: config.keys.clone(),
+        validation: config.ingest.validation(),
+        stats: history_stats.clone(),
+        clock,
+    };
+    let (m, p) = (history_stats.clone(), history_stats.clone());
+    readiness.add("history.mqtt", move || m.mqtt_up.get());
+    readiness.add("history.postgres", move || p.pg_up.get());
+    tracing::info!(group = %config.history.group, "history writer starting");
+    let stop = shutdown.clone();
+    tasks
+        .roles
+        .spawn(async move { Ok(writer.run(stop).await?) });
+    Ok(())
+}
 
-    let mut first_error = None;
-    while let Some(joined) = roles.join_next().await {
-        let result = joined
-            .map_err(|e| AppError::Panicked(e.to_string()))
-            .and_then(|r| r);
-        if let Err(e) = result {
-            tracing::error!(error = %e, "role failed; stopping the others");
-            shutdown.cancel();
-            first_error.get_or_insert(e);
+/// Ingest: the live index in Redis.
+fn start_ingest(cx: &Ctx<'_>, tasks: &mut Tasks, stats: &Arc<Stats>) {
+    let Ctx {
+        config,
+        shutdown,
+        readiness,
+        ..
+    } = *cx;
+    let ingest = Ingest {
+        config: config.ingest.clone(),
+        mqtt: config.worker_endpoint("ingest"),
+        redis: config.redis.clone(),
+        keys: config.keys.clone(),
+        stats: stats.clone(),
+    };
+    let (m, r) = (stats.clone(), stats.clone());
+    readiness.add("ingest.mqtt", move || m.mqtt_up.get());
+    readiness.add("ingest.redis", move || r.redis_up.get());
+    tracing::info!(workers = config.ingest.workers, group = %config.ingest.group, redis = %config.redis, "ingest starting");
+    let stop = shutdown.clone();
+    tasks
+        .roles
+        .spawn(async move { Ok(ingest.run(stop).await?) });
+}
+
+/// Fanout: the orders API and the viewer gateway (needs SERVICE_KEY and the viewer keys).
+async fn start_fanout(cx: &Ctx<'_>, tasks: &mut Tasks) -> Result<(), AppError> {
+    let Ctx {
+        config,
+        role,
+        shutdown,
+        readiness,
+    } = *cx;
+    let fanout_stats = Arc::new(fanout::Stats::default());
+    let why = "the orders API mints tracking tokens and the viewer gateway checks them";
+    let keys = config
+        .signer(Audience::Viewer, why)
+        .and_then(|s| Ok((s, config.verifier(Audience::Viewer, why)?)));
+    match (keys, config.fanout.service_key.is_some()) {
+        (Ok((signer, verifier)), true) => {
+            let mut fanout_config = config.fanout.clone();
+            if config.web.enabled {
+                fanout_config.tracking_page_url = Some(page_url(config));
+            }
+            let fanout = Fanout {
+                config: fanout_config,
+                mqtt: config.worker_endpoint("fanout"),
+                redis: config.redis.clone(),
+                keys: config.keys.clone(),
+                signer: signer.clone(),
+                verifier: verifier.clone(),
+                ws_listen: config.ws_listen,
+                stats: fanout_stats.clone(),
+            }
+            .prepare()
+            .await?;
+            tasks.routes.push(fanout.router());
+            let m = fanout_stats.clone();
+            readiness.add("fanout.mqtt", move || m.mqtt_up.get());
+            let l = listener("ws", config.ws_listen)?;
+            tracing::info!(ws = %config.ws_listen, "fanout viewer gateway listening");
+            let stop = shutdown.clone();
+            tasks
+                .roles
+                .spawn(async move { Ok(fanout.run(l, stop).await?) });
+        }
+        // `run` starts what is configured; asked for by name, fanout needs its keys.
+        (Err(e), _) if role == Role::All => tracing::warn!("fanout not started: {e}"),
+        _ if role == Role::All => {
+            tracing::warn!("fanout not started: set SERVICE_KEY")
+        }
+        (Err(e), _) => return Err(e.into()),
+        (_, false) => {
+            return Err(
+                FanoutError::Config("SERVICE_KEY is required by the fanout role".into()).into(),
+            )
         }
     }
-    first_error.map_or(Ok(()), Err)
+    Ok(())
+}
+
+/// Notify: order events to the outbox, signed webhooks, the webhooks API.
+fn start_notify(cx: &Ctx<'_>, tasks: &mut Tasks) -> Result<(), AppError> {
+    let Ctx {
+        config,
+        role,
+        shutdown,
+        ..
+    } = *cx;
+    match &config.fanout.service_key {
+        Some(key) => {
+            let n = notify::Notify {
+                config: config.notify.clone(),
+                redis: config.redis.clone(),
+                database_url: config.database_url.clone(),
+                keys: config.keys.clone(),
+                stats: Arc::new(notify::Stats::default()),
+            };
+            tasks.routes.push(n.router(key.clone()));
+            tracing::info!(group = %config.notify.group, "notify (order events, webhooks) starting");
+            let stop = shutdown.clone();
+            tasks.roles.spawn(async move { Ok(n.run(stop).await?) });
+        }
+        None if role == Role::All => {
+            tracing::warn!("notify not started: set SERVICE_KEY")
+        }
+        None => {
+            return Err(notify::NotifyError::Config(
+                "SERVICE_KEY is required by the notify role (its webhooks API)".into(),
+            )
+            .into())
+        }
+    }
+    Ok(())
+}
+
+/// The edge's sessions, forwarding to the bus (in-process inside `run`).
+fn start_edge(cx: &Ctx<'_>, tasks: &mut Tasks, edge: edge::Bound, edge_stats: &Arc<edge::Stats>) {
+    let Ctx {
+        config,
+        role,
+        shutdown,
+        readiness,
+    } = *cx;
+    // Without the in-process link (an external bus, or `courier-pipeline edge`), the edge
+    // forwards over MQTT with a service login.
+    let bus = config.worker_endpoint("edge");
+    if role == Role::Edge && bus.password.is_none() {
+        tracing::warn!("the edge has no bus login (the bus must then admit anonymous clients): set MQTT_TOKEN, e.g. from `courier-pipeline token bus --role edge`");
+    }
+    let bus = Some(bus);
+    let up = edge_stats.clone();
+    readiness.add("edge.bus", move || up.bus_up.get());
+    for (via, addr) in edge.local_addrs() {
+        tracing::info!(%addr, transport = via.label(), "edge listening for phones");
+    }
+    let stop = shutdown.clone();
+    tasks
+        .roles
+        .spawn(async move { Ok(edge.run(bus, stop).await?) });
+}
+
+/// The live maps (`/ops`, `/track/...`), on the HTTP listener of the roles that serve one.
+async fn start_maps(
+    cx: &Ctx<'_>,
+    tasks: &mut Tasks,
+    handle: &metrics_exporter_prometheus::PrometheusHandle,
+) -> Result<(), AppError> {
+    let config = cx.config;
+    let key = |aud| config.auth.as_ref().and_then(|k| k.verifier(aud)).cloned();
+    let ops_keys = key(Audience::Ops);
+    if ops_keys.is_none() {
+        tracing::warn!("no ops.pub: the operations map refuses everyone");
+    }
+    let metrics_text = handle.clone();
+    let maps = web::Web {
+        config: config.web.clone(),
+        redis: config.redis.clone(),
+        keys: config.keys.clone(),
+        ops_keys,
+        viewer_keys: key(Audience::Viewer),
+        evict_after: config.ingest.evict_after,
+        ws_url: config
+            .fanout
+            .public_ws_url
+            .clone()
+            .unwrap_or_else(|| format!("ws://{}{}", config.ws_listen, fanout::PATH)),
+        metrics: Some(Arc::new(move || metrics_text.render())),
+    };
+    tasks
+        .routes
+        .push(maps.router().await.map_err(AppError::Web)?);
+    tracing::info!(ops = %format!("{}/ops", page_url(config)), "live maps served");
+    Ok(())
+}
+
+/// The one HTTP listener of the process, serving every role's routes.
+fn start_http(cx: &Ctx<'_>, tasks: &mut Tasks) -> Result<(), AppError> {
+    let Ctx {
+        config, shutdown, ..
+    } = *cx;
+    let http_listen = config.http_listen;
+    if let Some(keys) = &config.auth {
+        tasks.routes.push(jwks_route(keys));
+    }
+    let l = listener("http", config.http_listen)?;
+    let app = tasks
+        .routes
+        .drain(..)
+        .fold(axum::Router::new(), axum::Router::merge);
+    let stop = shutdown.clone();
+    tasks.roles.spawn(async move {
+        crate::http::serve(l, app, crate::http::HttpLimits::default(), stop)
+            .await
+            .map_err(|source| AppError::Listen {
+                what: "http",
+                addr: http_listen,
+                source,
+            })
+    });
+    Ok(())
 }
 
 /// One line per period: rates and totals, no coordinates.
