@@ -21,8 +21,10 @@
 //! genpkey -algorithm ed25519` writes them, or JWK), the RFC 7638 thumbprint that names a PEM
 //! key, and the JWKS document.
 
+mod bearer;
 mod keys;
 
+pub use bearer::{bearer_credential, same_secret};
 pub use keys::{KeyError, KeySet, PublicKey, SigningKey, Verifier};
 
 /// Who a token is for: each audience has its own keys.

@@ -149,19 +149,13 @@ fn redis_failed(e: redis::RedisError) -> ApiError {
     )
 }
 
-/// Constant-time comparison of the bearer key.
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 fn check_service(api: &OrdersApi, headers: &HeaderMap) -> Result<(), ApiError> {
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(courier_auth::bearer_credential);
     match presented {
-        Some(k) if same_secret(k.as_bytes(), api.service_key.as_bytes()) => Ok(()),
+        Some(k) if courier_auth::same_secret(k.as_bytes(), api.service_key.as_bytes()) => Ok(()),
         _ => Err(fail(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
@@ -531,13 +525,6 @@ fn recorded(answer: &str, replayed: bool) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn secrets_compare_whole() {
-        assert!(same_secret(b"abcdef0123456789", b"abcdef0123456789"));
-        assert!(!same_secret(b"abcdef0123456789", b"abcdef012345678"));
-        assert!(!same_secret(b"abcdef0123456789", b"abcdef012345678X"));
-    }
 
     #[test]
     fn idempotency_records_of_two_orders_never_collide() {

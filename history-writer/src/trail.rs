@@ -125,12 +125,7 @@ pub(crate) fn bearer(
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
+        .and_then(courier_auth::bearer_credential)
         .ok_or("missing")?;
     keys.verify(token, now.max(0.0) as u64)
         .map_err(|e| e.label())

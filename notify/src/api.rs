@@ -110,15 +110,9 @@ fn check_key(api: &Api, headers: &HeaderMap) -> Result<(), Refused> {
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            let (scheme, rest) = v.split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then_some(rest.trim())
-        });
-    let same = |a: &[u8], b: &[u8]| {
-        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-    };
+        .and_then(courier_auth::bearer_credential);
     match presented {
-        Some(k) if same(k.as_bytes(), api.service_key.as_bytes()) => Ok(()),
+        Some(k) if courier_auth::same_secret(k.as_bytes(), api.service_key.as_bytes()) => Ok(()),
         _ => Err(Refused(
             StatusCode::UNAUTHORIZED,
             "unauthorized",

@@ -189,12 +189,7 @@ fn bearer(
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim)
-        .filter(|t| !t.is_empty());
+        .and_then(courier_auth::bearer_credential);
     let now = courier_wire::clock::unix_now().max(0.0) as u64;
     let result = match (token, keys) {
         (None, _) => Err("missing"),
