@@ -182,32 +182,67 @@ pub struct AuthSection {
     pub key_dir: Option<PathBuf>,
 }
 
-/// Values from the environment or flags, applied over the file.
-#[derive(Debug, Clone, Default)]
+/// Values from the environment or flags, applied over the file: the one list of settings the
+/// command line takes (each flag also reads its environment variable).
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct Overrides {
+    /// External broker, e.g. mqtt://127.0.0.1:1883. Unset: `run` embeds rumqttd.
+    #[arg(long, global = true, env = "MQTT_URL")]
     pub mqtt_url: Option<String>,
+    /// TCP address of the embedded broker.
+    #[arg(long, global = true, env = "MQTT_LISTEN")]
     pub mqtt_listen: Option<String>,
+    #[arg(long, global = true, env = "REDIS_URL")]
     pub redis_url: Option<String>,
-    /// `REDIS_CLUSTER_NODES`, comma-separated; an empty value leaves the file's list.
+    /// Redis Cluster seed nodes, comma-separated (then REDIS_URL is not used).
+    #[arg(long, global = true, env = "REDIS_CLUSTER_NODES")]
     pub redis_cluster_nodes: Option<String>,
+    /// Prometheus /metrics address, or `off`.
+    #[arg(long, global = true, env = "METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
+    #[arg(long, global = true, env = "DATABASE_URL")]
     pub database_url: Option<String>,
+    /// HTTP APIs address.
+    #[arg(long, global = true, env = "HTTP_LISTEN")]
     pub http_listen: Option<String>,
+    /// Viewer gateway (MQTT over WebSocket) address.
+    #[arg(long, global = true, env = "WS_LISTEN")]
     pub ws_listen: Option<String>,
+    /// Key directory: <aud>.key signs, <aud>.pub / .json verify (courier, viewer, trail, bus).
+    #[arg(long, global = true, env = "AUTH_KEY_DIR")]
     pub key_dir: Option<String>,
     /// The audiences whose private keys this command reads (what it mints).
+    #[arg(skip)]
     pub mint: Vec<courier_auth::Audience>,
-    /// `MQTT_TOKEN`: a bus token this process logs in with instead of minting one.
+    /// A bus token to log in with instead of minting one with bus.key (e.g. for the edge).
+    #[arg(long, global = true, env = "MQTT_TOKEN", hide_env_values = true)]
     pub mqtt_token: Option<String>,
+    /// TLS listener of the embedded broker (needs mqtt.tls_cert and mqtt.tls_key).
+    #[arg(long, global = true, env = "MQTT_TLS_LISTEN")]
     pub mqtt_tls_listen: Option<String>,
+    /// PEM certificates to trust for an mqtts:// MQTT_URL.
+    #[arg(long, global = true, env = "MQTT_CA_FILE")]
     pub mqtt_ca_file: Option<String>,
+    /// Let the embedded broker admit clients without credentials (development only).
+    #[arg(long, global = true, env = "MQTT_ALLOW_ANONYMOUS")]
     pub mqtt_allow_anonymous: Option<bool>,
-    /// `SERVICE_KEY` of the orders API.
+    /// Bearer key of the orders API (the order service presents it).
+    #[arg(long, global = true, env = "SERVICE_KEY", hide_env_values = true)]
     pub service_key: Option<String>,
+    /// The MQTT edge phones connect to: address(es), comma-separated, or `off`.
+    #[arg(long, global = true, env = "EDGE_LISTEN")]
     pub edge_listen: Option<String>,
+    /// MQTT over TLS listener(s) of the edge (needs EDGE_TLS_CERT and EDGE_TLS_KEY).
+    #[arg(long, global = true, env = "EDGE_TLS_LISTEN")]
     pub edge_tls_listen: Option<String>,
+    /// PEM certificate chain of the edge's TLS listener.
+    #[arg(long, global = true, env = "EDGE_TLS_CERT")]
     pub edge_tls_cert: Option<String>,
+    /// PEM private key of the edge's TLS listener.
+    #[arg(long, global = true, env = "EDGE_TLS_KEY")]
     pub edge_tls_key: Option<String>,
+    /// MQTT over WebSocket listener(s) of the edge (path /mqtt).
+    #[arg(long, global = true, env = "EDGE_WS_LISTEN")]
     pub edge_ws_listen: Option<String>,
 }
 

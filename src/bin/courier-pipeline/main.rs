@@ -25,61 +25,9 @@ struct Cli {
     /// TOML configuration file (see README, "Configuration").
     #[arg(long, global = true, env = "COURIER_CONFIG")]
     config: Option<PathBuf>,
-    /// External broker, e.g. mqtt://127.0.0.1:1883. Unset: `run` embeds rumqttd.
-    #[arg(long, global = true, env = "MQTT_URL")]
-    mqtt_url: Option<String>,
-    /// TCP address of the embedded broker.
-    #[arg(long, global = true, env = "MQTT_LISTEN")]
-    mqtt_listen: Option<String>,
-    #[arg(long, global = true, env = "REDIS_URL")]
-    redis_url: Option<String>,
-    /// Redis Cluster seed nodes, comma-separated (then REDIS_URL is not used).
-    #[arg(long, global = true, env = "REDIS_CLUSTER_NODES")]
-    redis_cluster_nodes: Option<String>,
-    /// Prometheus /metrics address, or `off`.
-    #[arg(long, global = true, env = "METRICS_LISTEN")]
-    metrics_listen: Option<String>,
-    #[arg(long, global = true, env = "DATABASE_URL")]
-    database_url: Option<String>,
-    /// HTTP APIs address.
-    #[arg(long, global = true, env = "HTTP_LISTEN")]
-    http_listen: Option<String>,
-    /// Viewer gateway (MQTT over WebSocket) address.
-    #[arg(long, global = true, env = "WS_LISTEN")]
-    ws_listen: Option<String>,
-    /// Key directory: <aud>.key signs, <aud>.pub / .json verify (courier, viewer, trail, bus).
-    #[arg(long, global = true, env = "AUTH_KEY_DIR")]
-    key_dir: Option<String>,
-    /// A bus token to log in with instead of minting one with bus.key (e.g. for the edge).
-    #[arg(long, global = true, env = "MQTT_TOKEN", hide_env_values = true)]
-    mqtt_token: Option<String>,
-    /// TLS listener of the embedded broker (needs mqtt.tls_cert and mqtt.tls_key).
-    #[arg(long, global = true, env = "MQTT_TLS_LISTEN")]
-    mqtt_tls_listen: Option<String>,
-    /// PEM certificates to trust for an mqtts:// MQTT_URL.
-    #[arg(long, global = true, env = "MQTT_CA_FILE")]
-    mqtt_ca_file: Option<String>,
-    /// Let the embedded broker admit clients without credentials (development only).
-    #[arg(long, global = true, env = "MQTT_ALLOW_ANONYMOUS")]
-    mqtt_allow_anonymous: Option<bool>,
-    /// The MQTT edge phones connect to: address(es), comma-separated, or `off`.
-    #[arg(long, global = true, env = "EDGE_LISTEN")]
-    edge_listen: Option<String>,
-    /// MQTT over TLS listener(s) of the edge (needs EDGE_TLS_CERT and EDGE_TLS_KEY).
-    #[arg(long, global = true, env = "EDGE_TLS_LISTEN")]
-    edge_tls_listen: Option<String>,
-    /// PEM certificate chain of the edge's TLS listener.
-    #[arg(long, global = true, env = "EDGE_TLS_CERT")]
-    edge_tls_cert: Option<String>,
-    /// PEM private key of the edge's TLS listener.
-    #[arg(long, global = true, env = "EDGE_TLS_KEY")]
-    edge_tls_key: Option<String>,
-    /// MQTT over WebSocket listener(s) of the edge (path /mqtt).
-    #[arg(long, global = true, env = "EDGE_WS_LISTEN")]
-    edge_ws_listen: Option<String>,
-    /// Bearer key of the orders API (the order service presents it).
-    #[arg(long, global = true, env = "SERVICE_KEY", hide_env_values = true)]
-    service_key: Option<String>,
+    /// The settings given by flag or environment, over the file's.
+    #[command(flatten)]
+    settings: Overrides,
     #[command(subcommand)]
     command: Command,
 }
@@ -149,26 +97,8 @@ fn real_main() -> anyhow::Result<()> {
         None => FileConfig::default(),
     };
     let config = file.resolve(Overrides {
-        mqtt_url: cli.mqtt_url.clone(),
-        mqtt_listen: cli.mqtt_listen.clone(),
-        redis_url: cli.redis_url.clone(),
-        redis_cluster_nodes: cli.redis_cluster_nodes.clone(),
-        metrics_listen: cli.metrics_listen.clone(),
-        database_url: cli.database_url.clone(),
-        http_listen: cli.http_listen.clone(),
-        ws_listen: cli.ws_listen.clone(),
-        key_dir: cli.key_dir.clone(),
         mint: mints(&cli.command),
-        mqtt_token: cli.mqtt_token.clone(),
-        mqtt_tls_listen: cli.mqtt_tls_listen.clone(),
-        mqtt_ca_file: cli.mqtt_ca_file.clone(),
-        mqtt_allow_anonymous: cli.mqtt_allow_anonymous,
-        service_key: cli.service_key.clone(),
-        edge_listen: cli.edge_listen.clone(),
-        edge_tls_listen: cli.edge_tls_listen.clone(),
-        edge_tls_cert: cli.edge_tls_cert.clone(),
-        edge_tls_key: cli.edge_tls_key.clone(),
-        edge_ws_listen: cli.edge_ws_listen.clone(),
+        ..cli.settings.clone()
     })?;
 
     // A separate edge process runs on `edge.threads` (1 by default): its work is waking sessions
