@@ -354,13 +354,7 @@ impl Config {
     }
 }
 
-/// A setting that cannot work, with its name.
-#[derive(Debug, thiserror::Error)]
-#[error("{setting}: {reason}")]
-pub struct ConfigError {
-    pub setting: String,
-    pub reason: String,
-}
+pub use courier_wire::ConfigError;
 
 fn err(setting: &str, reason: impl ToString) -> ConfigError {
     ConfigError {
@@ -522,30 +516,23 @@ impl FileConfig {
         };
         let http_listen = addr("HTTP_LISTEN", &self.http.listen)?;
         let ws_listen = addr("WS_LISTEN", &self.http.ws_listen)?;
-        self.ingest.validate().map_err(|e| {
-            let (setting, reason) = e.split_once(' ').unwrap_or((e.as_str(), ""));
-            err(setting, reason)
-        })?;
-        self.history.validate(&self.ingest.group).map_err(|e| {
-            let (setting, reason) = e.split_once(' ').unwrap_or((e.as_str(), ""));
-            err(setting, reason)
-        })?;
-        self.fanout.validate().map_err(|e| {
-            let (setting, reason) = e.split_once(' ').unwrap_or((e.as_str(), ""));
-            err(setting, reason)
-        })?;
+        self.ingest
+            .validate()
+            .map_err(|e| err(&e.setting, e.reason))?;
+        self.history
+            .validate(&self.ingest.group)
+            .map_err(|e| err(&e.setting, e.reason))?;
+        self.fanout
+            .validate()
+            .map_err(|e| err(&e.setting, e.reason))?;
         let edge = self.edge.validate().map_err(|e| err(e.setting, e.reason))?;
         // One setting, read by every script that emits order events.
         self.fanout.events_stream_max = self.notify.stream_max;
         self.ingest.events_stream_max = self.notify.stream_max;
-        self.notify.validate().map_err(|e| {
-            let (setting, reason) = e.split_once(' ').unwrap_or((e.as_str(), ""));
-            err(setting, reason)
-        })?;
-        self.web.validate().map_err(|e| {
-            let (setting, reason) = e.split_once(' ').unwrap_or((e.as_str(), ""));
-            err(setting, reason)
-        })?;
+        self.notify
+            .validate()
+            .map_err(|e| err(&e.setting, e.reason))?;
+        self.web.validate().map_err(|e| err(&e.setting, e.reason))?;
         Ok(Config {
             broker,
             redis,

@@ -1,5 +1,6 @@
 //! Settings of the fanout role (`[fanout]` in the config file).
 
+use courier_wire::ConfigError;
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -92,19 +93,25 @@ impl Default for FanoutConfig {
 impl FanoutConfig {
     /// Checks the settings once at start-up; the error names the setting. The service key is
     /// checked where it is needed ([`FanoutConfig::require_service_key`]).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if let Some(k) = &self.service_key {
             if k.len() < 16 {
-                return Err("SERVICE_KEY must be at least 16 bytes".into());
+                return Err(ConfigError::new("SERVICE_KEY", "must be at least 16 bytes"));
             }
         }
         if self.token_ttl < Duration::from_secs(10)
             || self.token_ttl > Duration::from_secs(24 * 3600)
         {
-            return Err("fanout.token_ttl must be between 10s and 24h".into());
+            return Err(ConfigError::new(
+                "fanout.token_ttl",
+                "must be between 10s and 24h",
+            ));
         }
         if self.send_interval > Duration::from_secs(60) {
-            return Err("fanout.send_interval must be at most 60s".into());
+            return Err(ConfigError::new(
+                "fanout.send_interval",
+                "must be at most 60s",
+            ));
         }
         for (name, v) in [
             ("fanout.queue_capacity", self.queue_capacity),
@@ -113,22 +120,26 @@ impl FanoutConfig {
             ("fanout.max_orders_per_courier", self.max_orders_per_courier),
         ] {
             if v == 0 {
-                return Err(format!("{name} must be at least 1"));
+                return Err(ConfigError::new(name, "must be at least 1"));
             }
         }
         if self.max_packet_bytes < 256 {
-            return Err("fanout.max_packet_bytes must be at least 256".into());
+            return Err(ConfigError::new(
+                "fanout.max_packet_bytes",
+                "must be at least 256",
+            ));
         }
         if self.connect_timeout.is_zero() || self.idempotency_ttl < Duration::from_secs(60) {
-            return Err(
-                "fanout.connect_timeout must be above 0 and fanout.idempotency_ttl at least 60s"
-                    .into(),
-            );
+            return Err(ConfigError::new(
+                "fanout.connect_timeout",
+                "must be above 0 and fanout.idempotency_ttl at least 60s",
+            ));
         }
         if let Some(u) = &self.public_ws_url {
             if !(u.starts_with("ws://") || u.starts_with("wss://")) {
-                return Err(format!(
-                    "fanout.public_ws_url {u:?} must start with ws:// or wss://"
+                return Err(ConfigError::new(
+                    "fanout.public_ws_url",
+                    format!("{u:?} must start with ws:// or wss://"),
                 ));
             }
         }
@@ -156,7 +167,7 @@ mod tests {
 
     #[test]
     fn bad_settings_name_themselves() {
-        let bad = |c: FanoutConfig| c.validate().unwrap_err();
+        let bad = |c: FanoutConfig| c.validate().unwrap_err().to_string();
         assert!(bad(FanoutConfig {
             service_key: Some("short".into()),
             ..Default::default()

@@ -70,7 +70,9 @@ pub struct Prepared {
 impl Fanout {
     /// Validates the settings and connects to Redis (an error if it is unreachable now).
     pub async fn prepare(self) -> Result<Prepared, FanoutError> {
-        self.config.validate().map_err(FanoutError::Config)?;
+        self.config
+            .validate()
+            .map_err(|e| FanoutError::Config(e.to_string()))?;
         let service_key = self
             .config
             .require_service_key()

@@ -1,5 +1,6 @@
 //! Settings of the history role (`[history]` in the config file).
 
+use courier_wire::ConfigError;
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -114,23 +115,23 @@ impl Default for HistoryConfig {
 
 impl HistoryConfig {
     /// Checks the settings once at start-up; the error starts with the setting's name.
-    pub fn validate(&self, ingest_group: &str) -> Result<(), String> {
+    pub fn validate(&self, ingest_group: &str) -> Result<(), ConfigError> {
         if !courier_wire::topic::valid_group(&self.group) {
-            return Err(format!(
-                "history.group {:?} is not a valid group name",
-                self.group
+            return Err(ConfigError::new(
+                "history.group",
+                format!("{:?} is not a valid group name", self.group),
             ));
         }
         if !self.group.is_empty() && self.group == ingest_group {
-            return Err(format!(
-                "history.group {:?} must differ from ingest.group: one group shares its points out between its members",
+            return Err(ConfigError::new("history.group", format!("{:?} must differ from ingest.group: one group shares its points out between its members",
                 self.group
-            ));
+            )));
         }
         if let Some(s) = &self.session {
             if !courier_wire::topic::valid_id(s) {
-                return Err(format!(
-                    "history.session {s:?} must be 1-64 of [A-Za-z0-9._:-]"
+                return Err(ConfigError::new(
+                    "history.session",
+                    format!("{s:?} must be 1-64 of [A-Za-z0-9._:-]"),
                 ));
             }
         }
@@ -143,54 +144,90 @@ impl HistoryConfig {
             ("history.trail_max_points", self.trail_max_points),
         ] {
             if v == 0 {
-                return Err(format!("{name} must be at least 1"));
+                return Err(ConfigError::new(name, "must be at least 1"));
             }
         }
         if self.group.is_empty() && self.mqtt_clients > 1 {
-            return Err("history.mqtt_clients must be 1 when history.group is \"\" (a plain subscription gives every client every point)".into());
+            return Err(ConfigError::new("history.mqtt_clients", "must be 1 when history.group is \"\" (a plain subscription gives every client every point)"));
         }
         if self.writers > 16 {
-            return Err("history.writers must be at most 16".into());
+            return Err(ConfigError::new("history.writers", "must be at most 16"));
         }
         if self.batch_max > self.buffer_rows {
-            return Err("history.batch_max must be at most history.buffer_rows".into());
+            return Err(ConfigError::new(
+                "history.batch_max",
+                "must be at most history.buffer_rows",
+            ));
         }
         let second = Duration::from_secs(1);
         if self.batch_max_age.is_zero() || self.batch_max_age > second {
-            return Err("history.batch_max_age must be above 0 and at most 1s".into());
+            return Err(ConfigError::new(
+                "history.batch_max_age",
+                "must be above 0 and at most 1s",
+            ));
         }
         if self.order_refresh.is_zero() || self.order_refresh > second {
-            return Err("history.order_refresh must be above 0 and at most 1s".into());
+            return Err(ConfigError::new(
+                "history.order_refresh",
+                "must be above 0 and at most 1s",
+            ));
         }
         if self.retention_days == 0 {
-            return Err("history.retention_days must be at least 1".into());
+            return Err(ConfigError::new(
+                "history.retention_days",
+                "must be at least 1",
+            ));
         }
         if self.days_ahead > 60 {
-            return Err("history.days_ahead must be at most 60".into());
+            return Err(ConfigError::new("history.days_ahead", "must be at most 60"));
         }
         if self.upkeep_every < second || self.upkeep_every > Duration::from_secs(6 * 3600) {
-            return Err("history.upkeep_every must be between 1s and 6h".into());
+            return Err(ConfigError::new(
+                "history.upkeep_every",
+                "must be between 1s and 6h",
+            ));
         }
         if self.retry_max_backoff < Duration::from_millis(10) {
-            return Err("history.retry_max_backoff must be at least 10ms".into());
+            return Err(ConfigError::new(
+                "history.retry_max_backoff",
+                "must be at least 10ms",
+            ));
         }
         if self.trail_max_window < Duration::from_secs(60) {
-            return Err("history.trail_max_window must be at least 1m".into());
+            return Err(ConfigError::new(
+                "history.trail_max_window",
+                "must be at least 1m",
+            ));
         }
         if self.aggregate_min_couriers < 2 {
-            return Err("history.aggregate_min_couriers must be at least 2: a cell of one courier is his trail".into());
+            return Err(ConfigError::new(
+                "history.aggregate_min_couriers",
+                "must be at least 2: a cell of one courier is his trail",
+            ));
         }
         if self.aggregate_retention_days == 0 {
-            return Err("history.aggregate_retention_days must be at least 1".into());
+            return Err(ConfigError::new(
+                "history.aggregate_retention_days",
+                "must be at least 1",
+            ));
         }
         if self.aggregate_delay > Duration::from_secs(12 * 3600) {
-            return Err("history.aggregate_delay must be at most 12h (a day is dropped only once aggregated)".into());
+            return Err(ConfigError::new(
+                "history.aggregate_delay",
+                "must be at most 12h (a day is dropped only once aggregated)",
+            ));
         }
         if self.aggregate_every < second || self.aggregate_every > Duration::from_secs(3600) {
-            return Err("history.aggregate_every must be between 1s and 1h".into());
+            return Err(ConfigError::new(
+                "history.aggregate_every",
+                "must be between 1s and 1h",
+            ));
         }
         if self.audit_retention_days == 0 {
-            return Err("history.audit_retention_days must be at least 1".into());
+            return Err(ConfigError::new(
+                "history.audit_retention_days",
+                "must be at least 1",
+            ));
         }
         Ok(())
     }
@@ -220,6 +257,7 @@ mod tests {
         assert!(two
             .validate("")
             .unwrap_err()
+            .to_string()
             .starts_with("history.mqtt_clients"));
     }
 
@@ -229,6 +267,7 @@ mod tests {
         assert!(c
             .validate("history")
             .unwrap_err()
+            .to_string()
             .starts_with("history.group"));
         let c = HistoryConfig {
             buffer_rows: 0,
@@ -237,6 +276,7 @@ mod tests {
         assert!(c
             .validate("ingest")
             .unwrap_err()
+            .to_string()
             .starts_with("history.buffer_rows"));
         let c = HistoryConfig {
             batch_max_age: Duration::from_secs(2),
@@ -245,6 +285,7 @@ mod tests {
         assert!(c
             .validate("ingest")
             .unwrap_err()
+            .to_string()
             .starts_with("history.batch_max_age"));
         let c = HistoryConfig {
             retention_days: 0,
@@ -253,6 +294,7 @@ mod tests {
         assert!(c
             .validate("ingest")
             .unwrap_err()
+            .to_string()
             .starts_with("history.retention_days"));
         let c = HistoryConfig {
             aggregate_min_couriers: 1,
@@ -261,6 +303,7 @@ mod tests {
         assert!(c
             .validate("ingest")
             .unwrap_err()
+            .to_string()
             .starts_with("history.aggregate_min_couriers"));
         let c = HistoryConfig {
             group: "a+b".into(),
@@ -269,6 +312,7 @@ mod tests {
         assert!(c
             .validate("ingest")
             .unwrap_err()
+            .to_string()
             .starts_with("history.group"));
     }
 }

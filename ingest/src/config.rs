@@ -1,5 +1,6 @@
 //! Settings of the ingest role (`[ingest]` in the config file).
 
+use courier_wire::ConfigError;
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -100,30 +101,30 @@ impl IngestConfig {
     }
 
     /// Checks the settings once at start-up; the error names the setting.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         use courier_wire::topic::valid_group;
         if self.redis_retry_for > Duration::from_secs(20) {
-            return Err("ingest.redis_retry_for must be at most 20s (the batch script keeps a batch's verdicts 30s for its retries)".into());
+            return Err(ConfigError::new("ingest.redis_retry_for", "must be at most 20s (the batch script keeps a batch's verdicts 30s for its retries)"));
         }
         if !valid_group(&self.group) {
-            return Err(format!(
-                "ingest.group {:?} is not a valid group name",
-                self.group
+            return Err(ConfigError::new(
+                "ingest.group",
+                format!("{:?} is not a valid group name", self.group),
             ));
         }
         if !valid_group(&self.status_group)
             || (!self.group.is_empty() && self.status_group == self.group)
         {
-            return Err(format!(
-                "ingest.status_group {:?} must be a valid group name different from ingest.group",
-                self.status_group
+            return Err(ConfigError::new(
+                "ingest.status_group",
+                format!(
+                    "{:?} must be a valid group name different from ingest.group",
+                    self.status_group
+                ),
             ));
         }
         if (self.group.is_empty() || self.status_group.is_empty()) && self.workers > 1 {
-            return Err(
-                "ingest.workers must be 1 when ingest.group or ingest.status_group is \"\" (a plain subscription gives every worker every message)"
-                    .into(),
-            );
+            return Err(ConfigError::new("ingest.workers", "must be 1 when ingest.group or ingest.status_group is \"\" (a plain subscription gives every worker every message)"));
         }
         let positive = [
             ("ingest.workers", self.workers),
@@ -134,31 +135,41 @@ impl IngestConfig {
         ];
         for (name, v) in positive {
             if v == 0 {
-                return Err(format!("{name} must be at least 1"));
+                return Err(ConfigError::new(name, "must be at least 1"));
             }
         }
         // Lua's unpack() is limited to about 8000 values; a batch puts 3 per point into GEOADD.
         if self.batch_max > 2000 {
-            return Err("ingest.batch_max must be at most 2000".into());
+            return Err(ConfigError::new("ingest.batch_max", "must be at most 2000"));
         }
         if self.evict_after < Duration::from_secs(1) || self.sweep_every.is_zero() {
-            return Err(
-                "ingest.evict_after must be at least 1s and ingest.sweep_every above 0".into(),
-            );
+            return Err(ConfigError::new(
+                "ingest.evict_after",
+                "must be at least 1s and ingest.sweep_every above 0",
+            ));
         }
         if !(self.arrival_radius_m.is_finite()
             && self.arrival_margin_m >= 0.0
             && self.arrival_margin_m < self.arrival_radius_m
             && self.arrival_radius_m <= 10_000.0)
         {
-            return Err("ingest.arrival_margin_m must be at least 0 and below ingest.arrival_radius_m (at most 10000)".into());
+            return Err(ConfigError::new(
+                "ingest.arrival_margin_m",
+                "must be at least 0 and below ingest.arrival_radius_m (at most 10000)",
+            ));
         }
         // An evicted courier's next point must fall into a new bucket (it rewrites `seen`).
         if self.seen_every >= self.evict_after {
-            return Err("ingest.seen_every must be below ingest.evict_after".into());
+            return Err(ConfigError::new(
+                "ingest.seen_every",
+                "must be below ingest.evict_after",
+            ));
         }
         if self.seq_forget_after < self.evict_after {
-            return Err("ingest.seq_forget_after must be at least ingest.evict_after".into());
+            return Err(ConfigError::new(
+                "ingest.seq_forget_after",
+                "must be at least ingest.evict_after",
+            ));
         }
         Ok(())
     }
@@ -201,17 +212,29 @@ mod tests {
             batch_max: 0,
             ..Default::default()
         };
-        assert!(c.validate().unwrap_err().contains("ingest.batch_max"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("ingest.batch_max"));
         let c = IngestConfig {
             status_group: "ingest".into(),
             ..Default::default()
         };
-        assert!(c.validate().unwrap_err().contains("ingest.status_group"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("ingest.status_group"));
         let c = IngestConfig {
             seen_every: Duration::from_secs(60),
             ..Default::default()
         };
-        assert!(c.validate().unwrap_err().contains("ingest.seen_every"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("ingest.seen_every"));
         let c = IngestConfig {
             seen_every: Duration::ZERO,
             ..Default::default()
@@ -232,7 +255,11 @@ mod tests {
             workers: 2,
             ..plain
         };
-        assert!(two.validate().unwrap_err().contains("ingest.workers"));
+        assert!(two
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("ingest.workers"));
     }
 
     fn toml_like(line: &str) -> IngestConfig {

@@ -46,7 +46,9 @@ impl Ingest {
     /// Connects to Redis (an error if it is unreachable now), then runs until `shutdown`:
     /// intake stops, queued messages are written, the last tracks published, and it returns.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), IngestError> {
-        self.config.validate().map_err(IngestError::Config)?;
+        self.config
+            .validate()
+            .map_err(|e| IngestError::Config(e.to_string()))?;
         let sink = RedisSink::connect(
             &self.redis,
             self.keys.clone(),

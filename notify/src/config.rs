@@ -2,6 +2,7 @@
 
 use crate::breaker::Breaker;
 use crate::retry::Policy;
+use courier_wire::ConfigError;
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -95,9 +96,9 @@ impl Default for NotifyConfig {
 
 impl NotifyConfig {
     /// Checks the settings; the error names the setting.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.group.is_empty() {
-            return Err("notify.group must not be empty".into());
+            return Err(ConfigError::new("notify.group", "must not be empty"));
         }
         for (name, v) in [
             ("notify.relay_batch", self.relay_batch),
@@ -106,27 +107,39 @@ impl NotifyConfig {
             ("notify.breaker_failures", self.breaker_failures as usize),
         ] {
             if v == 0 {
-                return Err(format!("{name} must be at least 1"));
+                return Err(ConfigError::new(name, "must be at least 1"));
             }
         }
         if self.timeout.is_zero() || self.lease <= self.timeout {
-            return Err("notify.lease must be longer than notify.timeout (and timeout > 0)".into());
+            return Err(ConfigError::new(
+                "notify.lease",
+                "must be longer than notify.timeout (and timeout > 0)",
+            ));
         }
         if self.retry_base.is_zero() || self.retry_max_delay < self.retry_base {
-            return Err("notify.retry_max_delay must be at least notify.retry_base (> 0)".into());
+            return Err(ConfigError::new(
+                "notify.retry_max_delay",
+                "must be at least notify.retry_base (> 0)",
+            ));
         }
         if self.poll_interval.is_zero() || self.relay_claim_after.is_zero() {
-            return Err("notify.poll_interval and notify.relay_claim_after must be > 0".into());
+            return Err(ConfigError::new(
+                "notify.poll_interval",
+                "and notify.relay_claim_after must be > 0",
+            ));
         }
         if let Some(u) = &self.push_url {
-            crate::api::check_url(u).map_err(|e| format!("notify.push_url: {e}"))?;
+            crate::api::check_url(u).map_err(|e| ConfigError::new("notify.push_url", e))?;
         }
         if let Some(k) = self
             .push_kinds
             .iter()
             .find(|k| !courier_wire::events::KINDS.contains(&k.as_str()))
         {
-            return Err(format!("notify.push_kinds: unknown kind {k:?}"));
+            return Err(ConfigError::new(
+                "notify.push_kinds",
+                format!("unknown kind {k:?}"),
+            ));
         }
         Ok(())
     }
@@ -168,11 +181,19 @@ mod tests {
             lease: Duration::from_secs(5),
             ..NotifyConfig::default()
         };
-        assert!(c.validate().unwrap_err().contains("notify.lease"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("notify.lease"));
         let c = NotifyConfig {
             concurrency: 0,
             ..NotifyConfig::default()
         };
-        assert!(c.validate().unwrap_err().contains("notify.concurrency"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("notify.concurrency"));
     }
 }

@@ -57,7 +57,9 @@ impl Notify {
     /// record stays pending in Redis), and the dispatcher lets its attempts end (each within
     /// `notify.timeout`) and stores their outcomes.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), NotifyError> {
-        self.config.validate().map_err(NotifyError::Config)?;
+        self.config
+            .validate()
+            .map_err(|e| NotifyError::Config(e.to_string()))?;
         let http = deliver::http_client()
             .map_err(|e| NotifyError::Config(format!("no TLS root certificates: {e}")))?;
         let consumer = format!("notify-{}-{}", std::process::id(), rand::random::<u32>());

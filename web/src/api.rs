@@ -71,7 +71,9 @@ type S = Arc<Shared>;
 
 impl Web {
     pub async fn router(self) -> Result<Router, WebError> {
-        self.config.validate().map_err(WebError::Config)?;
+        self.config
+            .validate()
+            .map_err(|e| WebError::Config(e.to_string()))?;
         let redis = RedisConn::connect(&self.redis, &RedisOptions::default()).await?;
         let c = &self.config;
         let page = json!({

@@ -1,5 +1,6 @@
 //! The maps' settings (`[web]`), with defaults; checked once at start-up.
 
+use courier_wire::ConfigError;
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -56,32 +57,37 @@ impl Default for WebConfig {
 
 impl WebConfig {
     /// Checks the values that cannot work.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_markers == 0 || self.max_markers > 20_000 {
-            return Err("web.max_markers must be 1-20000".into());
+            return Err(ConfigError::new("web.max_markers", "must be 1-20000"));
         }
         if !(4..=256).contains(&self.cluster_columns) {
-            return Err("web.cluster_columns must be 4-256".into());
+            return Err(ConfigError::new("web.cluster_columns", "must be 4-256"));
         }
         if self.max_scan < self.max_markers {
-            return Err("web.max_scan must be at least web.max_markers".into());
+            return Err(ConfigError::new(
+                "web.max_scan",
+                "must be at least web.max_markers",
+            ));
         }
         if self.refresh < Duration::from_millis(200) {
-            return Err("web.refresh must be at least 200ms".into());
+            return Err(ConfigError::new("web.refresh", "must be at least 200ms"));
         }
         if let Some(u) = &self.tile_url {
             let ok = (u.starts_with("https://") || u.starts_with("http://"))
                 && ["{z}", "{x}", "{y}"].iter().all(|p| u.contains(p));
             if !ok {
-                return Err(format!(
-                    "web.tile_url {u:?} must be an http(s) URL with {{z}}, {{x}} and {{y}}"
+                return Err(ConfigError::new(
+                    "web.tile_url",
+                    format!("{u:?} must be an http(s) URL with {{z}}, {{x}} and {{y}}"),
                 ));
             }
         }
         if let Some(u) = &self.public_url {
             if !(u.starts_with("https://") || u.starts_with("http://")) {
-                return Err(format!(
-                    "web.public_url {u:?} must start with http:// or https://"
+                return Err(ConfigError::new(
+                    "web.public_url",
+                    format!("{u:?} must start with http:// or https://"),
                 ));
             }
         }
@@ -100,7 +106,7 @@ mod tests {
 
     #[test]
     fn bad_values_are_refused_by_name() {
-        let bad = |c: WebConfig| c.validate().unwrap_err();
+        let bad = |c: WebConfig| c.validate().unwrap_err().to_string();
         assert!(bad(WebConfig {
             tile_url: Some("ftp://x/{z}/{x}/{y}".into()),
             ..Default::default()

@@ -8,6 +8,7 @@
 //! stage accepts is a point every stage accepts.
 
 pub mod clock;
+pub mod config_error;
 pub mod duration;
 pub mod endpoint;
 pub mod events;
@@ -27,6 +28,7 @@ pub mod seq_state;
 pub mod topic;
 pub mod track;
 
+pub use config_error::ConfigError;
 pub use endpoint::MqttEndpoint;
 pub use keys::Keys;
 pub use point::{decode_point, Invalid, Point, Validation};
