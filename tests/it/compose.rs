@@ -186,13 +186,14 @@ fn each_service_mounts_only_the_keys_its_role_needs() {
                 "bus.key",
                 "bus.pub",
                 "courier.pub",
+                "ops.pub",
                 "privacy.pub",
                 "trail.pub",
             ][..],
         ),
         (
             "fanout",
-            &["bus.key", "bus.pub", "viewer.key", "viewer.pub"][..],
+            &["bus.key", "bus.pub", "ops.pub", "viewer.key", "viewer.pub"][..],
         ),
         ("notify", &[][..]),
     ]
