@@ -304,7 +304,7 @@ fn start_history(
         keys.clone(),
         &config.history,
         clock.clone(),
-    );
+    )?;
     match optional(Audience::Courier) {
         Some(k) => trail = trail.with_courier_keys(k),
         None => tracing::info!("no courier.pub: couriers' own-trail (access) not served"),

@@ -34,6 +34,7 @@ pub mod geohash;
 pub mod migrate;
 mod orders;
 pub mod partitions;
+mod pool;
 pub mod rows;
 pub mod sink;
 mod source;

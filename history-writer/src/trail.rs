@@ -37,10 +37,8 @@ use courier_auth::Verifier;
 use courier_wire::metrics as m;
 use serde::Serialize;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use tokio::sync::Semaphore;
-use tokio_postgres::Client;
 
 /// Longest accepted reason, characters.
 pub const MAX_REASON_CHARS: usize = 1000;
@@ -52,7 +50,8 @@ pub struct Trail {
 }
 
 struct Inner {
-    url: String,
+    /// At most `history.trail_connections` connections, shared by every request.
+    pool: deadpool_postgres::Pool,
     /// The trail audience's public keys.
     keys: Verifier,
     /// The courier audience's public keys, for `own-trail`; `None`: that route is not served.
@@ -62,8 +61,6 @@ struct Inner {
     max_window: Duration,
     max_points: usize,
     clock: Clock,
-    idle: Mutex<Vec<Client>>,
-    permits: Semaphore,
 }
 
 /// A refusal: status and message.
@@ -184,20 +181,29 @@ const AUDIT_SQL: &str =
      VALUES ($1, $2, $3, $4, $5, $6)";
 
 impl Trail {
-    pub fn new(database_url: &str, keys: Verifier, config: &HistoryConfig, clock: Clock) -> Self {
-        Trail {
+    /// Does not connect yet: the pool connects on the first request (fails only on a
+    /// `database_url` that is not a PostgreSQL URL).
+    pub fn new(
+        database_url: &str,
+        keys: Verifier,
+        config: &HistoryConfig,
+        clock: Clock,
+    ) -> Result<Self, HistoryError> {
+        Ok(Trail {
             inner: Arc::new(Inner {
-                url: database_url.to_string(),
+                pool: crate::pool::pool(
+                    database_url,
+                    "courier-trail-api",
+                    config.trail_connections,
+                )?,
                 keys,
                 own_keys: None,
                 ops_keys: None,
                 max_window: config.trail_max_window,
                 max_points: config.trail_max_points,
                 clock,
-                idle: Mutex::new(Vec::new()),
-                permits: Semaphore::new(config.trail_connections),
             }),
-        }
+        })
     }
 
     /// Also serves `own-trail` to couriers, checking their device tokens with `keys`.
@@ -247,23 +253,8 @@ impl Trail {
         to: SystemTime,
         reason: &str,
     ) -> Result<Option<Vec<Fix>>, HistoryError> {
-        let _permit = self
-            .inner
-            .permits
-            .acquire()
-            .await
-            .expect("the semaphore is never closed");
-        let pooled = self
-            .inner
-            .idle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop();
-        let mut client = match pooled {
-            Some(c) if !c.is_closed() => c,
-            _ => crate::sink::connect(&self.inner.url, "courier-trail-api").await?,
-        };
-        let result = async {
+        let mut client = crate::pool::get(&self.inner.pool).await?;
+        async {
             let tx = client.transaction().await?;
             tx.batch_execute("SET LOCAL statement_timeout = '30s'")
                 .await?;
@@ -290,15 +281,7 @@ impl Trail {
             tx.commit().await?;
             Ok::<_, HistoryError>(Some(fixes))
         }
-        .await;
-        if result.is_ok() {
-            self.inner
-                .idle
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(client);
-        }
-        result
+        .await
     }
 }
 

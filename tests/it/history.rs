@@ -675,7 +675,9 @@ async fn serve_trail(url: &str) -> std::net::SocketAddr {
 
 async fn serve_trail_with(url: &str, config: &HistoryConfig) -> std::net::SocketAddr {
     let keys = test_verifier(Audience::Trail);
-    let app = Trail::new(url, keys, config, history_writer::system_clock()).router();
+    let app = Trail::new(url, keys, config, history_writer::system_clock())
+        .unwrap()
+        .router();
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(l, app).await.unwrap() });

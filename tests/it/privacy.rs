@@ -552,6 +552,7 @@ async fn a_courier_reads_his_own_trail_and_never_another() {
         &HistoryConfig::default(),
         history_writer::system_clock(),
     )
+    .unwrap()
     .with_courier_keys(test_verifier(Audience::Courier));
     let addr = serve(trail.router()).await;
     let w = format!("from={}&to={}", base, base + 3600.0);

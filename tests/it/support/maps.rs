@@ -56,6 +56,7 @@ pub async fn start_maps_on(
             &history_writer::HistoryConfig::default(),
             history_writer::system_clock(),
         )
+        .unwrap()
         .with_ops_keys(test_verifier(Audience::Ops));
         app = app.merge(trail.router());
     }
