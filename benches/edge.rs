@@ -17,6 +17,7 @@
 //! Settings (environment): EDGE_BENCH_PHONES (60000), EDGE_BENCH_EDGES (4), EDGE_BENCH_SIMS (4),
 //! EDGE_BENCH_ADDRS (loopback addresses 127.0.0.1.., 3), EDGE_BENCH_INTERVAL (10 s; 0.1 for the
 //! CPU per point under load: `EDGE_BENCH_PHONES=6000 EDGE_BENCH_INTERVAL=0.1`),
+//! EDGE_BENCH_EDGE_BIN (run the edge processes from another build, for before/after),
 //! EDGE_BENCH_WINDOW (steady window, 30 s), EDGE_BENCH_TLS_WS (connections for the TLS and
 //! WebSocket figure, 3000 each; 0 skips). `cargo test` runs nothing here.
 
@@ -53,7 +54,9 @@ fn start_edge(
     extra: &[(&str, String)],
 ) -> EdgeProc {
     let metrics = free_addr();
-    let mut c = Command::new(BIN);
+    // EDGE_BENCH_EDGE_BIN: the edge processes from another build (before/after in one run).
+    let bin = std::env::var("EDGE_BENCH_EDGE_BIN").unwrap_or_else(|_| BIN.to_string());
+    let mut c = Command::new(bin);
     // The edge reads no private key: it checks device tokens with courier.pub and logs in to
     // the bus with a bus token it is given.
     let now = courier_wire::clock::unix_now() as u64;

@@ -7,7 +7,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
 use std::future::Future;
 use std::io;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::{header, HeaderValue, StatusCode};
@@ -49,10 +49,19 @@ impl Transport for Tcp {
         loop {
             std::future::poll_fn(|cx| self.0.poll_read_ready(cx)).await?;
             let mut chunk = [0u8; 2048];
-            match self.0.try_read(&mut chunk) {
+            let mut got = 0;
+            let read = self.0.try_io(Interest::READABLE, || {
+                got = std::io::Read::read(&mut &*socket2::SockRef::from(&self.0), &mut chunk)?;
+                short_read_drained(got, chunk.len())
+            });
+            match read {
                 Ok(n) => {
                     out.extend_from_slice(&chunk[..n]);
                     return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => {
+                    out.extend_from_slice(&chunk[..got]);
+                    return Ok(got);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(e),
@@ -66,6 +75,20 @@ impl Transport for Tcp {
 
     async fn close(&mut self) {
         let _ = self.0.shutdown().await;
+    }
+}
+
+/// What a read of `n` bytes into a buffer of `len` tells tokio. A short read (0 < n < len) took
+/// everything the socket held, so it is reported as "would block" (the bytes are kept by the
+/// caller): tokio then clears the socket's readiness at once, where a plain read left it set and
+/// the next read made one more `recv` only to learn EAGAIN, a system call per point for a phone
+/// sending one point at a time. Data that arrives meanwhile raises readiness again (tokio clears
+/// only the readiness it saw before the read).
+fn short_read_drained(n: usize, len: usize) -> io::Result<usize> {
+    if n > 0 && n < len {
+        Err(io::ErrorKind::WouldBlock.into())
+    } else {
+        Ok(n)
     }
 }
 
@@ -180,6 +203,16 @@ pub(crate) fn check_upgrade(req: &Request, mut resp: Response) -> Result<Respons
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_short_read_clears_readiness_and_a_full_or_empty_one_does_not() {
+        assert_eq!(
+            short_read_drained(110, 2048).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        assert_eq!(short_read_drained(2048, 2048).unwrap(), 2048);
+        assert_eq!(short_read_drained(0, 2048).unwrap(), 0);
+    }
 
     fn req(path: &str, proto: Option<&str>) -> Request {
         let mut b = Request::builder().uri(path);
