@@ -5,7 +5,7 @@ use courier_auth::{TokenError, Verifier};
 
 /// What a valid tracking token grants: one order, until `exp`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Grant {
+pub(crate) struct Grant {
     pub order: String,
     /// `customer` or `restaurant`.
     pub viewer: String,
@@ -15,7 +15,11 @@ pub struct Grant {
 
 /// Checks the CONNECT password as a tracking token at `now` (unix seconds). `keys` are the
 /// viewer audience's: a courier's device token or a trail token is refused as an unknown key.
-pub fn check_token(keys: &Verifier, password: Option<&str>, now: u64) -> Result<Grant, Refusal> {
+pub(crate) fn check_token(
+    keys: &Verifier,
+    password: Option<&str>,
+    now: u64,
+) -> Result<Grant, Refusal> {
     let token = password
         .filter(|p| !p.is_empty())
         .ok_or(Refusal::BadToken)?;
@@ -38,7 +42,7 @@ pub fn check_token(keys: &Verifier, password: Option<&str>, now: u64) -> Result<
 
 /// The only filter a viewer of `order` may subscribe: exactly `track/<order>`. Wildcards,
 /// other orders, `$SYS`, shared subscriptions: all refused.
-pub fn filter_allowed(order: &str, filter: &str) -> bool {
+pub(crate) fn filter_allowed(order: &str, filter: &str) -> bool {
     filter.strip_prefix("track/") == Some(order)
 }
 

@@ -147,7 +147,7 @@ impl FanoutConfig {
     }
 
     /// The service key, or the error that stops the fanout role.
-    pub fn require_service_key(&self) -> Result<&str, String> {
+    pub(crate) fn require_service_key(&self) -> Result<&str, String> {
         self.service_key
             .as_deref()
             .ok_or_else(|| "SERVICE_KEY is required by the fanout role".into())

@@ -34,7 +34,7 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 10] = [
+    pub(crate) const ALL: [Refusal; 10] = [
         Refusal::BadToken,
         Refusal::ExpiredToken,
         Refusal::OrderEnded,
@@ -48,7 +48,7 @@ impl Refusal {
     ];
 
     /// The `reason` label.
-    pub fn reason(self) -> &'static str {
+    pub(crate) fn reason(self) -> &'static str {
         match self {
             Refusal::BadToken => "bad_token",
             Refusal::ExpiredToken => "expired_token",
@@ -63,7 +63,7 @@ impl Refusal {
         }
     }
 
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self as usize
     }
 }
@@ -97,16 +97,10 @@ impl Stats {
 
 /// What the source handed out since its last flush, counted locally.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Tally {
+pub(crate) struct Tally {
     pub tracks: u64,
     pub dropped_queue_full: u64,
     pub superseded: u64,
-}
-
-impl Tally {
-    pub fn is_empty(&self) -> bool {
-        *self == Tally::default()
-    }
 }
 
 /// Metric handles, looked up once.

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 /// One connected viewer as the hub sees it.
 #[derive(Debug)]
-pub struct Viewer {
+pub(crate) struct Viewer {
     pub order: Arc<str>,
     queue: Mutex<PointQueue>,
     /// Woken when a point was queued.
@@ -27,17 +27,17 @@ impl Viewer {
     }
 
     /// Moves every waiting point into `out`.
-    pub fn take(&self, out: &mut Vec<Bytes>) {
+    pub(crate) fn take(&self, out: &mut Vec<Bytes>) {
         self.lock().take(out);
     }
 
     /// Stops delivery (UNSUBSCRIBE).
-    pub fn deactivate(&self) {
+    pub(crate) fn deactivate(&self) {
         self.lock().deactivate();
     }
 
     /// Queues the last known position unless a live point is already waiting.
-    pub fn offer_initial(&self, p: Bytes) {
+    pub(crate) fn offer_initial(&self, p: Bytes) {
         if self.lock().offer_initial(p) {
             self.ready.notify_one();
         }
@@ -61,10 +61,10 @@ struct Inner {
 
 /// The order was ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ended;
+pub(crate) struct Ended;
 
 #[derive(Debug, Default)]
-pub struct Hub {
+pub(crate) struct Hub {
     inner: Mutex<Inner>,
 }
 
@@ -74,7 +74,7 @@ impl Hub {
     }
 
     /// Registers a viewer of `order` (it receives nothing until [`Hub::activate`]).
-    pub fn join(
+    pub(crate) fn join(
         &self,
         order: &str,
         queue_capacity: usize,
@@ -97,13 +97,13 @@ impl Hub {
 
     /// Starts delivery to `v` and returns the order's last point, atomically with respect to
     /// [`Hub::dispatch`]: no point falls between the two.
-    pub fn activate(&self, v: &Arc<Viewer>) -> Option<Bytes> {
+    pub(crate) fn activate(&self, v: &Arc<Viewer>) -> Option<Bytes> {
         let g = self.lock();
         v.lock().activate();
         g.orders.get(&v.order).and_then(|e| e.last.clone())
     }
 
-    pub fn leave(&self, v: &Arc<Viewer>) {
+    pub(crate) fn leave(&self, v: &Arc<Viewer>) {
         let mut g = self.lock();
         if let Some(e) = g.orders.get_mut(&v.order) {
             e.viewers.retain(|x| !Arc::ptr_eq(x, v));
@@ -114,7 +114,7 @@ impl Hub {
     }
 
     /// A point of `order`: kept as its last, offered to each subscribed viewer.
-    pub fn dispatch(&self, order: &str, payload: Bytes, now: Instant, tally: &mut Tally) {
+    pub(crate) fn dispatch(&self, order: &str, payload: Bytes, now: Instant, tally: &mut Tally) {
         tally.tracks += 1;
         let mut g = self.lock();
         if g.ended.contains_key(order) {
@@ -140,7 +140,7 @@ impl Hub {
     /// Ends `order` here: its viewers are told to close, its last point is forgotten, and new
     /// viewers of it are refused. Returns how many viewers were told, or `None` when the
     /// order had ended here already (the API call and its announcement both arrive).
-    pub fn end(&self, order: &str, now: Instant) -> Option<usize> {
+    pub(crate) fn end(&self, order: &str, now: Instant) -> Option<usize> {
         let mut g = self.lock();
         let order: Arc<str> = Arc::from(order);
         if g.ended.insert(order.clone(), now).is_some() {
@@ -155,12 +155,8 @@ impl Hub {
         Some(e.viewers.len())
     }
 
-    pub fn is_ended(&self, order: &str) -> bool {
-        self.lock().ended.contains_key(order)
-    }
-
     /// Orders with at least one viewer.
-    pub fn watched_orders(&self) -> Vec<String> {
+    pub(crate) fn watched_orders(&self) -> Vec<String> {
         self.lock()
             .orders
             .iter()
@@ -170,7 +166,7 @@ impl Hub {
     }
 
     /// Forgets ended orders and unwatched last points older than `keep` (bounded memory).
-    pub fn prune(&self, now: Instant, keep: Duration) {
+    pub(crate) fn prune(&self, now: Instant, keep: Duration) {
         let mut g = self.lock();
         g.ended.retain(|_, t| now.duration_since(*t) < keep);
         g.orders.retain(|_, e| {
@@ -178,8 +174,14 @@ impl Hub {
         });
     }
 
-    /// (orders known, ended orders remembered): for tests and status.
-    pub fn sizes(&self) -> (usize, usize) {
+    #[cfg(test)]
+    fn is_ended(&self, order: &str) -> bool {
+        self.lock().ended.contains_key(order)
+    }
+
+    /// (orders known, ended orders remembered).
+    #[cfg(test)]
+    fn sizes(&self) -> (usize, usize) {
         let g = self.lock();
         (g.orders.len(), g.ended.len())
     }

@@ -14,14 +14,14 @@
 //! (per-viewer queue, pacing), `codec` (packets, on rumqttc's codecs), `hub`. Edges: `source`
 //! (MQTT, Redis pub/sub), `gateway` + `session` (WebSocket), `orders` (HTTP + Redis).
 
-pub mod authz;
+pub(crate) mod authz;
 pub mod config;
 pub mod error;
 pub mod events;
 mod gateway;
-pub mod hub;
+pub(crate) mod hub;
 mod orders;
-pub mod queue;
+pub(crate) mod queue;
 mod session;
 mod source;
 

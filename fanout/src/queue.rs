@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 /// What happened to an offered point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Offer {
+pub(crate) enum Offer {
     Queued,
     /// Queued; the oldest waiting point was dropped to make room (a slow viewer).
     DroppedOldest,
@@ -19,7 +19,7 @@ pub enum Offer {
 
 /// Points waiting for one viewer.
 #[derive(Debug)]
-pub struct PointQueue {
+pub(crate) struct PointQueue {
     buf: VecDeque<Bytes>,
     cap: usize,
     latest_only: bool,
@@ -28,7 +28,7 @@ pub struct PointQueue {
 
 impl PointQueue {
     /// `latest_only`: a send interval is set, so only the newest waiting point matters.
-    pub fn new(cap: usize, latest_only: bool) -> Self {
+    pub(crate) fn new(cap: usize, latest_only: bool) -> Self {
         PointQueue {
             buf: VecDeque::new(),
             cap: if latest_only { 1 } else { cap.max(1) },
@@ -37,21 +37,17 @@ impl PointQueue {
         }
     }
 
-    pub fn activate(&mut self) {
+    pub(crate) fn activate(&mut self) {
         self.active = true;
     }
 
     /// Stops delivery (UNSUBSCRIBE) and forgets what waits.
-    pub fn deactivate(&mut self) {
+    pub(crate) fn deactivate(&mut self) {
         self.active = false;
         self.buf.clear();
     }
 
-    pub fn is_active(&self) -> bool {
-        self.active
-    }
-
-    pub fn offer(&mut self, p: Bytes) -> Offer {
+    pub(crate) fn offer(&mut self, p: Bytes) -> Offer {
         if !self.active {
             return Offer::Inactive;
         }
@@ -70,7 +66,7 @@ impl PointQueue {
     }
 
     /// The last known position right after SUBSCRIBE, unless a live point got there first.
-    pub fn offer_initial(&mut self, p: Bytes) -> bool {
+    pub(crate) fn offer_initial(&mut self, p: Bytes) -> bool {
         if self.buf.is_empty() {
             self.buf.push_back(p);
             true
@@ -80,28 +76,30 @@ impl PointQueue {
     }
 
     /// Moves every waiting point, oldest first, into `out`.
-    pub fn take(&mut self, out: &mut Vec<Bytes>) {
+    pub(crate) fn take(&mut self, out: &mut Vec<Bytes>) {
         out.extend(self.buf.drain(..));
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.buf.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
 }
 
 /// At most one send per interval.
 #[derive(Debug, Clone)]
-pub struct Pacer {
+pub(crate) struct Pacer {
     interval: Duration,
     next: Option<Instant>,
 }
 
 impl Pacer {
-    pub fn new(interval: Duration) -> Self {
+    pub(crate) fn new(interval: Duration) -> Self {
         Pacer {
             interval,
             next: None,
@@ -109,7 +107,7 @@ impl Pacer {
     }
 
     /// `Ok` when a send may happen at `now` (and books the next slot), else when it may.
-    pub fn ready(&mut self, now: Instant) -> Result<(), Instant> {
+    pub(crate) fn ready(&mut self, now: Instant) -> Result<(), Instant> {
         if self.interval.is_zero() {
             return Ok(());
         }

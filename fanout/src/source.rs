@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// The subscription of every gateway process.
-pub const TRACK_FILTER: &str = "track/+";
+pub(crate) const TRACK_FILTER: &str = "track/+";
 
 /// Receives `track/+` until `stop`, then disconnects.
 pub(crate) async fn tracks(

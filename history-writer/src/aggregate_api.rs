@@ -24,9 +24,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// Longest window one request reads.
-pub const MAX_WINDOW: Duration = Duration::from_secs(31 * 86_400);
+pub(crate) const MAX_WINDOW: Duration = Duration::from_secs(31 * 86_400);
 /// Most rows of one answer.
-pub const MAX_ROWS: usize = 100_000;
+pub(crate) const MAX_ROWS: usize = 100_000;
 
 const READ_SQL: &str =
     "SELECT hour, cell, couriers, points, segments, median_speed_mps, p90_speed_mps \

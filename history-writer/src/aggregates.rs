@@ -30,11 +30,11 @@ use crate::rows::system_time;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_postgres::{Client, GenericClient};
 
-pub const HOUR: i64 = 3600;
+pub(crate) const HOUR: i64 = 3600;
 /// Longest phone-time gap between two points that still makes a speed sample.
-pub const MAX_GAP_SECS: f64 = 60.0;
+pub(crate) const MAX_GAP_SECS: f64 = 60.0;
 /// Faster than this (252 km/h) is a GPS jump, not a courier.
-pub const MAX_SPEED_MPS: f64 = 70.0;
+pub(crate) const MAX_SPEED_MPS: f64 = 70.0;
 /// Mean earth radius (IUGG), metres: the one the `geo` crate's haversine uses.
 pub const EARTH_RADIUS_M: f64 = 6_371_008.8;
 
@@ -70,7 +70,7 @@ const INSERT_SQL: &str = "INSERT INTO courier_aggregates \
 
 /// One written cell-hour.
 #[derive(Debug, Clone, PartialEq)]
-pub struct CellHour {
+pub(crate) struct CellHour {
     pub cell: String,
     pub couriers: i32,
     pub points: i32,
@@ -80,19 +80,19 @@ pub struct CellHour {
 }
 
 /// Start of the hour holding `unix`.
-pub fn hour_of(unix: f64) -> i64 {
+pub(crate) fn hour_of(unix: f64) -> i64 {
     (unix / HOUR as f64).floor() as i64 * HOUR
 }
 
 /// The next hour to aggregate, if it has closed `delay` ago: rows of an hour keep arriving
 /// for as long as a writer's buffer holds them.
-pub fn next_hour(done_until: i64, now: f64, delay: Duration) -> Option<i64> {
+pub(crate) fn next_hour(done_until: i64, now: f64, delay: Duration) -> Option<i64> {
     ((done_until + HOUR) as f64 + delay.as_secs_f64() <= now).then_some(done_until)
 }
 
 /// Where aggregation starts on a database that never ran it: the oldest day partition (the
 /// whole history), else the current hour.
-pub fn first_mark(partitions: &[String], now: f64) -> i64 {
+pub(crate) fn first_mark(partitions: &[String], now: f64) -> i64 {
     partitions
         .iter()
         .filter_map(|n| partitions::parse_name(n))
@@ -108,7 +108,7 @@ fn unix(t: SystemTime) -> i64 {
 }
 
 /// Every hour before this is aggregated; `None` before the first run.
-pub async fn watermark(client: &impl GenericClient) -> Result<Option<i64>, HistoryError> {
+pub(crate) async fn watermark(client: &impl GenericClient) -> Result<Option<i64>, HistoryError> {
     let row = client
         .query_opt("SELECT done_until FROM aggregate_watermark", &[])
         .await?;
@@ -116,7 +116,7 @@ pub async fn watermark(client: &impl GenericClient) -> Result<Option<i64>, Histo
 }
 
 /// The cell-hours of `[hour, hour + 1 h)` with at least `k` couriers.
-pub async fn compute_hour(
+pub(crate) async fn compute_hour(
     client: &impl GenericClient,
     hour: i64,
     k: u32,

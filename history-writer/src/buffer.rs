@@ -10,7 +10,7 @@ const KEEP_CAPACITY: usize = 65_536;
 
 /// A FIFO of at most `capacity` items that drops from the front when full.
 #[derive(Debug)]
-pub struct Bounded<T> {
+pub(crate) struct Bounded<T> {
     items: VecDeque<T>,
     capacity: usize,
     dropped: u64,
@@ -26,25 +26,21 @@ impl<T> Bounded<T> {
         }
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.items.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.capacity
     }
 
     /// The oldest item.
-    pub fn front(&self) -> Option<&T> {
+    pub(crate) fn front(&self) -> Option<&T> {
         self.items.front()
     }
 
     /// Appends `item`, dropping the oldest when full; returns how many were dropped (0 or 1).
-    pub fn push(&mut self, item: T) -> u64 {
+    pub(crate) fn push(&mut self, item: T) -> u64 {
         let mut n = 0;
         if self.items.len() == self.capacity {
             self.items.pop_front();
@@ -56,7 +52,7 @@ impl<T> Bounded<T> {
     }
 
     /// Takes up to `max` of the oldest items.
-    pub fn take(&mut self, max: usize) -> Vec<T> {
+    pub(crate) fn take(&mut self, max: usize) -> Vec<T> {
         let n = max.min(self.items.len());
         let batch = self.items.drain(..n).collect();
         // After an outage the queue may have grown to its bound; give the memory back once it
@@ -71,7 +67,7 @@ impl<T> Bounded<T> {
 
     /// Puts a batch that could not be written back at the front, in its order; if that
     /// overfills the buffer, its oldest rows are dropped. Returns how many were dropped.
-    pub fn requeue(&mut self, batch: Vec<T>) -> u64 {
+    pub(crate) fn requeue(&mut self, batch: Vec<T>) -> u64 {
         let room = self.capacity - self.items.len();
         let skip = batch.len().saturating_sub(room);
         for item in batch.into_iter().skip(skip).rev() {
@@ -82,6 +78,7 @@ impl<T> Bounded<T> {
     }
 
     /// Everything dropped since creation.
+    #[cfg(test)]
     pub fn dropped(&self) -> u64 {
         self.dropped
     }

@@ -24,7 +24,7 @@ pub enum HistoryError {
 }
 
 /// The primary message and SQLSTATE of a database error; the driver's text otherwise.
-pub fn pg_text(e: &tokio_postgres::Error) -> String {
+pub(crate) fn pg_text(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
         None => e.to_string(),
@@ -54,7 +54,7 @@ impl HistoryError {
     /// integrity constraint): splitting the batch finds the row. Anything else that is not
     /// retryable (read-only after a failover 25006, a permission 42501, a missing table 42P01)
     /// is the database's state, not a row's: the batch is kept and retried, never dropped.
-    pub fn is_row_fault(&self) -> bool {
+    pub(crate) fn is_row_fault(&self) -> bool {
         match self {
             HistoryError::Postgres(e) => e
                 .code()

@@ -21,14 +21,14 @@ pub enum DropReason {
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 4] = [
+    pub(crate) const ALL: [DropReason; 4] = [
         DropReason::BufferFull,
         DropReason::NoPartition,
         DropReason::Rejected,
         DropReason::Shutdown,
     ];
 
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             DropReason::BufferFull => "buffer_full",
             DropReason::NoPartition => "no_partition",
@@ -59,11 +59,11 @@ impl Default for LagHistogram {
 
 impl LagHistogram {
     /// Upper bound (seconds) of bucket `i`; the last one is open.
-    pub fn upper(i: usize) -> f64 {
+    pub(crate) fn upper(i: usize) -> f64 {
         LAG_FIRST * LAG_FACTOR.powi(i as i32)
     }
 
-    pub fn bucket(secs: f64) -> usize {
+    pub(crate) fn bucket(secs: f64) -> usize {
         // NaN and anything up to the first bound land in the first bucket.
         if secs.is_nan() || secs <= LAG_FIRST {
             return 0;
@@ -72,7 +72,7 @@ impl LagHistogram {
     }
 
     /// Adds per-bucket counts gathered locally.
-    pub fn add(&self, counts: &[u64; LAG_BUCKETS]) {
+    pub(crate) fn add(&self, counts: &[u64; LAG_BUCKETS]) {
         for (b, n) in self.buckets.iter().zip(counts) {
             if *n > 0 {
                 b.fetch_add(*n, Relaxed);
@@ -80,7 +80,7 @@ impl LagHistogram {
         }
     }
 
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.buckets.iter().map(|b| b.load(Relaxed)).sum()
     }
 
@@ -109,7 +109,7 @@ impl LagHistogram {
 }
 
 /// Local bucket counts of one batch.
-pub type LagCounts = [u64; LAG_BUCKETS];
+pub(crate) type LagCounts = [u64; LAG_BUCKETS];
 
 /// Running totals of one process's history writer.
 #[derive(Debug, Default)]

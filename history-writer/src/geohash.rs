@@ -7,9 +7,9 @@
 //! written get their 6-character name here.
 
 /// Characters of the aggregate cells.
-pub const PRECISION: usize = 6;
+pub(crate) const PRECISION: usize = 6;
 /// Bits of longitude (and of latitude) at [`PRECISION`].
-pub const AXIS_BITS: u32 = (PRECISION as u32 * 5) / 2;
+pub(crate) const AXIS_BITS: u32 = (PRECISION as u32 * 5) / 2;
 /// Cells per axis.
 pub const CELLS_PER_AXIS: i64 = 1 << AXIS_BITS;
 
@@ -21,7 +21,7 @@ pub fn axis_index(v: f64, span: f64) -> i64 {
 }
 
 /// The cell name of grid indices (`x` longitude, `y` latitude), or `None` outside the grid.
-pub fn cell(x: i64, y: i64) -> Option<String> {
+pub(crate) fn cell(x: i64, y: i64) -> Option<String> {
     if !(0..CELLS_PER_AXIS).contains(&x) || !(0..CELLS_PER_AXIS).contains(&y) {
         return None;
     }

@@ -25,7 +25,7 @@
 pub mod aggregate_api;
 pub mod aggregates;
 pub mod audit;
-pub mod buffer;
+pub(crate) mod buffer;
 pub mod config;
 pub mod erasure;
 pub mod error;

@@ -14,7 +14,7 @@ use tokio_postgres::Client;
 const SECS_PER_DAY: i64 = 86_400;
 /// Name prefix of every partition this module manages; other tables attached to the parent by
 /// hand are left alone.
-pub const PREFIX: &str = "courier_points_p";
+pub(crate) const PREFIX: &str = "courier_points_p";
 
 /// UTC day number (days since 1970-01-01) of a unix time.
 pub fn day_of(unix: f64) -> i64 {
@@ -22,7 +22,7 @@ pub fn day_of(unix: f64) -> i64 {
 }
 
 /// (year, month, day) of a day number (proleptic Gregorian; H. Hinnant's civil_from_days).
-pub fn civil(day: i64) -> (i64, u32, u32) {
+pub(crate) fn civil(day: i64) -> (i64, u32, u32) {
     let z = day + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
@@ -36,7 +36,7 @@ pub fn civil(day: i64) -> (i64, u32, u32) {
 }
 
 /// Day number of a date (the inverse of [`civil`]).
-pub fn day_from_civil(y: i64, m: u32, d: u32) -> i64 {
+pub(crate) fn day_from_civil(y: i64, m: u32, d: u32) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);
     let yoe = y.rem_euclid(400);
@@ -53,7 +53,7 @@ pub fn name(day: i64) -> String {
 }
 
 /// The day of a partition name this module made; `None` for any other name.
-pub fn parse_name(name: &str) -> Option<i64> {
+pub(crate) fn parse_name(name: &str) -> Option<i64> {
     let digits = name.strip_prefix(PREFIX)?;
     if digits.len() != 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -69,13 +69,13 @@ pub fn parse_name(name: &str) -> Option<i64> {
 }
 
 /// `YYYY-MM-DD 00:00:00+00`, the lower bound of a day's partition.
-pub fn bound(day: i64) -> String {
+pub(crate) fn bound(day: i64) -> String {
     let (y, m, d) = civil(day);
     format!("{y:04}-{m:02}-{d:02} 00:00:00+00")
 }
 
 /// `CREATE TABLE IF NOT EXISTS` of one day's partition.
-pub fn create_sql(day: i64) -> String {
+pub(crate) fn create_sql(day: i64) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS \"{}\" PARTITION OF courier_points FOR VALUES FROM ('{}') TO ('{}')",
         name(day),
@@ -86,7 +86,7 @@ pub fn create_sql(day: i64) -> String {
 
 /// What upkeep must do now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Days without a partition among today and the `days_ahead` days after it.
     pub create: Vec<i64>,
     /// Partitions whose whole day is older than the retention.
@@ -96,7 +96,7 @@ pub struct Plan {
 }
 
 /// Plans upkeep at `now` (unix seconds) given the partitions that exist.
-pub fn plan(now: f64, existing: &[String], days_ahead: u32, retention_days: u32) -> Plan {
+pub(crate) fn plan(now: f64, existing: &[String], days_ahead: u32, retention_days: u32) -> Plan {
     let today = day_of(now);
     let have: Vec<i64> = existing.iter().filter_map(|n| parse_name(n)).collect();
     let create = (today..=today + i64::from(days_ahead))
@@ -119,7 +119,7 @@ pub fn plan(now: f64, existing: &[String], days_ahead: u32, retention_days: u32)
 /// Moves out of `plan.drop` every partition whose day does not end by `aggregated_until` (the
 /// aggregates' watermark, unix seconds; `None`: nothing aggregated yet): its points would be
 /// lost to the aggregates, which are computed from the partitions and never after the drop.
-pub fn hold(mut plan: Plan, aggregated_until: Option<i64>) -> Plan {
+pub(crate) fn hold(mut plan: Plan, aggregated_until: Option<i64>) -> Plan {
     let (drop, held) = std::mem::take(&mut plan.drop).into_iter().partition(|n| {
         match (parse_name(n), aggregated_until) {
             (Some(d), Some(mark)) => (d + 1) * SECS_PER_DAY <= mark,

@@ -33,9 +33,9 @@ pub enum Refused {
 
 impl Refused {
     /// Every reason, in a fixed order (for per-reason counters).
-    pub const COUNT: usize = Invalid::ALL.len() + 1;
+    pub(crate) const COUNT: usize = Invalid::ALL.len() + 1;
 
-    pub fn reason(self) -> &'static str {
+    pub(crate) fn reason(self) -> &'static str {
         match self {
             Refused::Topic => "bad_topic",
             Refused::Invalid(i) => i.reason(),
@@ -43,7 +43,7 @@ impl Refused {
     }
 
     /// Position in `0..COUNT`.
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         match self {
             Refused::Topic => Invalid::ALL.len(),
             Refused::Invalid(i) => i.index(),
@@ -51,7 +51,7 @@ impl Refused {
     }
 
     /// The reason of each index.
-    pub fn all() -> impl Iterator<Item = Refused> {
+    pub(crate) fn all() -> impl Iterator<Item = Refused> {
         Invalid::ALL
             .iter()
             .map(|i| Refused::Invalid(*i))
@@ -60,16 +60,16 @@ impl Refused {
 }
 
 /// The orders of a `courier:order` value (comma-separated, oldest first: stacked deliveries).
-pub fn running_orders(value: &str) -> Vec<&str> {
+pub(crate) fn running_orders(value: &str) -> Vec<&str> {
     value.split(',').filter(|o| !o.is_empty()).collect()
 }
 
 /// Courier id -> order id, a snapshot of `courier:order`.
-pub type Orders = HashMap<String, Arc<str>>;
+pub(crate) type Orders = HashMap<String, Arc<str>>;
 
 /// Validates one message received at `received` (unix seconds) and stamps the courier's
 /// current order from `orders`.
-pub fn row(
+pub(crate) fn row(
     topic: &str,
     payload: &[u8],
     received: f64,

@@ -58,7 +58,7 @@ impl PgSink {
     }
 
     /// The live client, connecting when there is none.
-    pub async fn client(&mut self) -> Result<&mut Client, HistoryError> {
+    pub(crate) async fn client(&mut self) -> Result<&mut Client, HistoryError> {
         if self.client.as_ref().is_some_and(|c| c.is_closed()) {
             self.client = None;
         }

@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// Longest accepted reason, characters.
-pub const MAX_REASON_CHARS: usize = 1000;
+pub(crate) const MAX_REASON_CHARS: usize = 1000;
 
 /// The trail API; cheap to clone.
 #[derive(Clone)]

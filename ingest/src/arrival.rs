@@ -18,7 +18,7 @@ use courier_wire::events::Places;
 const EARTH_RADIUS_M: f64 = 6_371_008.8;
 
 /// Metres between two (lat, lon) in degrees.
-pub fn distance_m(a: (f64, f64), b: (f64, f64)) -> f64 {
+pub(crate) fn distance_m(a: (f64, f64), b: (f64, f64)) -> f64 {
     let (la, lb) = (a.0.to_radians(), b.0.to_radians());
     let dlat = lb - la;
     let dlon = (b.1 - a.1).to_radians();
@@ -42,7 +42,7 @@ pub enum Place {
 
 impl Place {
     /// The flag `arrive.lua` and `order:places` use.
-    pub fn flag(self) -> &'static str {
+    pub(crate) fn flag(self) -> &'static str {
         match self {
             Place::Pickup => "p",
             Place::Dropoff => "d",

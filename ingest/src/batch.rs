@@ -36,7 +36,7 @@ pub struct Plan<'a> {
 }
 
 impl Plan<'_> {
-    pub fn points(&self) -> u64 {
+    pub(crate) fn points(&self) -> u64 {
         self.entries
             .iter()
             .filter(|e| matches!(e, Entry::Point { .. }))
@@ -45,7 +45,7 @@ impl Plan<'_> {
 
     /// The batch did not reach Redis: its points are errors, and so are its `offline` statuses
     /// (those couriers stay live until the eviction sweep): counted, not forgotten.
-    pub fn failed(&mut self) {
+    pub(crate) fn failed(&mut self) {
         let points = self.points();
         self.tally.errors += points;
         self.tally.status_errors += self.entries.len() as u64 - points;
@@ -99,7 +99,8 @@ pub struct ScriptCall {
 
 impl ScriptCall {
     /// Couriers in the batch (each once).
-    pub fn couriers(&self) -> usize {
+    #[cfg(test)]
+    fn couriers(&self) -> usize {
         self.couriers
     }
 }

@@ -92,7 +92,7 @@ impl Default for IngestConfig {
 
 impl IngestConfig {
     /// The first part of the workers' MQTT client ids.
-    pub fn client_role(&self) -> &str {
+    pub(crate) fn client_role(&self) -> &str {
         if self.group.is_empty() {
             "ingest"
         } else {

@@ -16,7 +16,7 @@ pub enum IngestError {
 
 impl IngestError {
     /// True when the same call may succeed later (connection lost, server busy).
-    pub fn is_retryable(&self) -> bool {
+    pub(crate) fn is_retryable(&self) -> bool {
         match self {
             IngestError::Redis(e) => {
                 e.is_io_error()

@@ -66,7 +66,7 @@ pub struct Tally {
 }
 
 impl Tally {
-    pub fn invalid_total(&self) -> u64 {
+    pub(crate) fn invalid_total(&self) -> u64 {
         self.invalid.iter().sum()
     }
 }

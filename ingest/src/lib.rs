@@ -17,7 +17,7 @@ pub mod error;
 pub mod events;
 pub mod pack;
 pub mod sink;
-pub mod source;
+pub(crate) mod source;
 mod sweep;
 mod worker;
 

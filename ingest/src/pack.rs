@@ -13,7 +13,7 @@ pub struct Packer {
 }
 
 impl Packer {
-    pub fn with_capacity(bytes: usize) -> Self {
+    pub(crate) fn with_capacity(bytes: usize) -> Self {
         Packer {
             buf: Vec::with_capacity(bytes),
         }

@@ -73,7 +73,7 @@ impl Lua {
 
 impl RedisSink {
     /// Connects (failing fast when Redis is unreachable at start-up) and loads the scripts.
-    pub async fn connect(
+    pub(crate) async fn connect(
         target: &RedisTarget,
         keys: Keys,
         events_cap: u64,
@@ -95,14 +95,6 @@ impl RedisSink {
             sink.load(s).await?;
         }
         Ok(sink)
-    }
-
-    pub fn keys(&self) -> &Keys {
-        &self.keys
-    }
-
-    pub fn connection(&self) -> RedisConn {
-        self.conn.clone()
     }
 
     /// SCRIPT LOAD goes to every node of a cluster, replicas included, so a promoted replica
@@ -154,7 +146,7 @@ impl RedisSink {
 
     /// Examines up to `limit` couriers whose `seen` score is before `cutoff` and removes those
     /// whose seq state confirms it (the others are re-scored); returns (removed, examined).
-    pub async fn evict(&self, cutoff: f64, limit: usize) -> Result<(u64, u64), IngestError> {
+    pub(crate) async fn evict(&self, cutoff: f64, limit: usize) -> Result<(u64, u64), IngestError> {
         let k = &self.keys;
         let keys = [
             &k.live,
@@ -177,7 +169,7 @@ impl RedisSink {
 
     /// Writes the arrival events a batch decided: (order, courier, place flag) each; returns
     /// how many were new (each order and place is reported once).
-    pub async fn arrive(&self, arrivals: &[(&str, &str, &str)]) -> Result<u64, IngestError> {
+    pub(crate) async fn arrive(&self, arrivals: &[(&str, &str, &str)]) -> Result<u64, IngestError> {
         let k = &self.keys;
         let keys = [
             &k.order_places,
@@ -199,7 +191,7 @@ impl RedisSink {
     }
 
     /// One HSCAN step of forgetting old seq state; returns (next cursor, removed).
-    pub async fn forget(
+    pub(crate) async fn forget(
         &self,
         cursor: u64,
         cutoff: f64,

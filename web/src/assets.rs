@@ -38,15 +38,15 @@ pub const BUNDLES: &[Asset] = &[
 ];
 
 /// The page templates; `<!--CONFIG-->` becomes the page's settings.
-pub const OPS_HTML: &str = include_str!("../assets/ops.html");
-pub const TRACK_HTML: &str = include_str!("../assets/track.html");
+pub(crate) const OPS_HTML: &str = include_str!("../assets/ops.html");
+pub(crate) const TRACK_HTML: &str = include_str!("../assets/track.html");
 
-pub fn find(name: &str) -> Option<&'static Asset> {
+pub(crate) fn find(name: &str) -> Option<&'static Asset> {
     BUNDLES.iter().find(|a| a.name == name)
 }
 
 /// A strong ETag of `bytes` (FNV-1a: identity, not security).
-pub fn etag(bytes: &[u8]) -> String {
+pub(crate) fn etag(bytes: &[u8]) -> String {
     let mut h: u64 = 0xcbf29ce484222325;
     for b in bytes {
         h ^= *b as u64;
@@ -57,7 +57,7 @@ pub fn etag(bytes: &[u8]) -> String {
 
 /// The HTML of a page with its settings in a JSON script element. `<`, `>` and `&` are escaped
 /// so no value (a tile URL, an attribution) can close the element.
-pub fn render(template: &str, config: &serde_json::Value) -> String {
+pub(crate) fn render(template: &str, config: &serde_json::Value) -> String {
     let json = config
         .to_string()
         .replace('<', "\\u003c")
@@ -71,7 +71,7 @@ pub fn render(template: &str, config: &serde_json::Value) -> String {
 
 /// Headers every answer of the maps carries. `no-referrer`: the pages' URLs hold tokens, which
 /// must not reach a tile server in a Referer.
-pub fn common_headers(h: &mut HeaderMap) {
+pub(crate) fn common_headers(h: &mut HeaderMap) {
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
@@ -83,7 +83,7 @@ pub fn common_headers(h: &mut HeaderMap) {
 }
 
 /// `bytes` as `content_type`, or 304 when the client holds this version.
-pub fn serve(
+pub(crate) fn serve(
     req: &HeaderMap,
     content_type: &'static str,
     cache: &'static str,

@@ -15,7 +15,7 @@ pub mod assets;
 pub mod config;
 pub mod error;
 pub mod live;
-pub mod totals;
+pub(crate) mod totals;
 
 pub use api::{MetricsText, Web};
 pub use config::WebConfig;

@@ -63,7 +63,7 @@ impl Bbox {
         (lon, lat, (width * 1.02).max(1.0), (height * 1.02).max(1.0))
     }
 
-    pub fn contains(&self, lat: f64, lon: f64) -> bool {
+    pub(crate) fn contains(&self, lat: f64, lon: f64) -> bool {
         lat >= self.south && lat <= self.north && lon >= self.west && lon <= self.east
     }
 }
@@ -72,7 +72,7 @@ impl Bbox {
 /// as the member's score), decoded as Redis decodes it for `WITHCOORD`: the middle of its cell,
 /// about 0.6 m across. Reading the integer and decoding here costs Redis far less than
 /// formatting two coordinates as text per member (docs/maps.md, figures).
-pub fn decode_geohash(hash: u64) -> (f64, f64) {
+pub(crate) fn decode_geohash(hash: u64) -> (f64, f64) {
     const LAT: f64 = 85.05112878;
     const STEP: u32 = 26;
     // Latitude bits are the even ones, longitude the odd ones.
@@ -94,7 +94,7 @@ pub fn decode_geohash(hash: u64) -> (f64, f64) {
 /// How a courier is drawn, by the age of his last accepted point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Freshness {
+pub(crate) enum Freshness {
     Fresh,
     Late,
     /// Within `evict_warning` of leaving the live index.
@@ -103,14 +103,14 @@ pub enum Freshness {
 
 /// The thresholds of [`Freshness`], seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Ages {
+pub(crate) struct Ages {
     pub late_after: f64,
     pub evict_after: f64,
     pub evict_warning: f64,
 }
 
 impl Ages {
-    pub fn classify(&self, age: f64) -> Freshness {
+    pub(crate) fn classify(&self, age: f64) -> Freshness {
         if age >= self.evict_after - self.evict_warning {
             Freshness::Evicting
         } else if age >= self.late_after {
@@ -124,7 +124,7 @@ impl Ages {
 /// One courier in the view: `[id, lat, lon, age seconds, freshness, order or null]` on the wire
 /// (arrays: a 2,000-marker refresh is a third smaller than with field names).
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Marker(
+pub(crate) struct Marker(
     pub String,
     pub f64,
     pub f64,
@@ -135,11 +135,11 @@ pub struct Marker(
 
 /// A grid cell's couriers: `[lat, lon, count]`, at the mean position of its members.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Cluster(pub f64, pub f64, pub u64);
+pub(crate) struct Cluster(pub f64, pub f64, pub u64);
 
 /// What one refresh answers.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct View {
+pub(crate) struct View {
     /// Server time of the read, unix seconds.
     pub now: f64,
     /// Couriers found in the view (all of them, even when clustered).
@@ -152,7 +152,7 @@ pub struct View {
 
 /// Grid clusters of `points` (lat, lon) over `bbox`: `columns` across, rows by the view's
 /// aspect ratio in metres, so cells are about square on the screen.
-pub fn cluster(points: &[(f64, f64)], bbox: &Bbox, columns: usize) -> Vec<Cluster> {
+pub(crate) fn cluster(points: &[(f64, f64)], bbox: &Bbox, columns: usize) -> Vec<Cluster> {
     let mid = ((bbox.south + bbox.north) / 2.0).to_radians().cos();
     let w = (bbox.east - bbox.west) * mid;
     let h = bbox.north - bbox.south;
@@ -177,7 +177,7 @@ pub fn cluster(points: &[(f64, f64)], bbox: &Bbox, columns: usize) -> Vec<Cluste
 
 /// A courier's seq state as the batch script keeps it (`couriers:seq`, docs/rules.md).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct SeqState {
+pub(crate) struct SeqState {
     /// The last accepted seq.
     pub seq: f64,
     /// Phone time of the last accepted point, unix seconds.
@@ -191,7 +191,7 @@ pub struct SeqState {
 impl SeqState {
     /// Reads the packed form `struct.pack('<Bdddd', 1, seq, phone_ts, epoch_ts, server_ts)`
     /// or the older text form `seq|phone_ts|epoch_ts|server_ts`.
-    pub fn decode(raw: &[u8]) -> Option<SeqState> {
+    pub(crate) fn decode(raw: &[u8]) -> Option<SeqState> {
         if raw.len() == 33 && raw[0] == 1 {
             let f = |i: usize| f64::from_le_bytes(raw[1 + 8 * i..9 + 8 * i].try_into().unwrap());
             return Some(SeqState {
@@ -219,7 +219,7 @@ impl SeqState {
 
     /// How far the phone's clock was behind the server when the last point arrived (seconds;
     /// network delay plus the phone's clock error).
-    pub fn phone_lag(&self) -> f64 {
+    pub(crate) fn phone_lag(&self) -> f64 {
         self.server_ts - self.phone_ts
     }
 }

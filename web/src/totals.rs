@@ -6,7 +6,7 @@ use serde::Serialize;
 /// The sum of `name`'s samples in Prometheus text, over the samples whose labels contain
 /// `label` (`key="value"`) when given. `None` when no sample matched (the role does not run in
 /// this process).
-pub fn sum(text: &str, name: &str, label: Option<(&str, &str)>) -> Option<f64> {
+pub(crate) fn sum(text: &str, name: &str, label: Option<(&str, &str)>) -> Option<f64> {
     let want = label.map(|(k, v)| format!("{k}=\"{v}\""));
     let mut total = None;
     for line in text.lines() {
@@ -40,7 +40,7 @@ pub fn sum(text: &str, name: &str, label: Option<(&str, &str)>) -> Option<f64> {
 
 /// Loss counters since the process started (absent: that role does not run here).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Loss {
+pub(crate) struct Loss {
     /// Points the ingest queue refused (`ingest_queue_dropped_total`).
     pub ingest_queue_dropped: Option<f64>,
     /// Payloads refused as invalid (`ingest_invalid_total`).
@@ -56,7 +56,7 @@ pub struct Loss {
 }
 
 impl Loss {
-    pub fn from_metrics(text: &str) -> Loss {
+    pub(crate) fn from_metrics(text: &str) -> Loss {
         use courier_wire::metrics as m;
         Loss {
             ingest_queue_dropped: sum(text, m::INGEST_QUEUE_DROPPED, None),
@@ -70,7 +70,7 @@ impl Loss {
 }
 
 /// Accepted points so far (`ingest_points_total{result="accepted"}`).
-pub fn accepted(text: &str) -> Option<f64> {
+pub(crate) fn accepted(text: &str) -> Option<f64> {
     sum(
         text,
         courier_wire::metrics::INGEST_POINTS,
@@ -79,7 +79,7 @@ pub fn accepted(text: &str) -> Option<f64> {
 }
 
 /// Points per second between two readings of a counter.
-pub fn rate(before: (f64, f64), after: (f64, f64)) -> Option<f64> {
+pub(crate) fn rate(before: (f64, f64), after: (f64, f64)) -> Option<f64> {
     let dt = after.0 - before.0;
     (dt > 0.0 && after.1 >= before.1).then(|| (after.1 - before.1) / dt)
 }
