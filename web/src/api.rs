@@ -17,7 +17,7 @@
 use crate::assets;
 use crate::config::WebConfig;
 use crate::error::WebError;
-use crate::live::{cluster, decode_geohash, Ages, Bbox, Cluster, Marker, SeqState, View};
+use crate::live::{cluster, decode_geohash, Ages, Bbox, Cluster, Marker, View};
 use crate::totals;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -26,6 +26,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use courier_auth::{Claims, Verifier};
 use courier_wire::metrics as m;
+use courier_wire::seq_state::SeqState;
 use courier_wire::{Keys, RedisConn, RedisOptions, RedisTarget};
 use serde_json::json;
 use std::collections::HashMap;

@@ -175,55 +175,6 @@ pub(crate) fn cluster(points: &[(f64, f64)], bbox: &Bbox, columns: usize) -> Vec
         .collect()
 }
 
-/// A courier's seq state as the batch script keeps it (`couriers:seq`, docs/rules.md).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub(crate) struct SeqState {
-    /// The last accepted seq.
-    pub seq: f64,
-    /// Phone time of the last accepted point, unix seconds.
-    pub phone_ts: f64,
-    /// Phone time of the first point since the last seq reset (an app reinstall).
-    pub epoch_ts: f64,
-    /// Server time the last point was accepted, unix seconds.
-    pub server_ts: f64,
-}
-
-impl SeqState {
-    /// Reads the packed form `struct.pack('<Bdddd', 1, seq, phone_ts, epoch_ts, server_ts)`
-    /// or the older text form `seq|phone_ts|epoch_ts|server_ts`.
-    pub(crate) fn decode(raw: &[u8]) -> Option<SeqState> {
-        if raw.len() == 33 && raw[0] == 1 {
-            let f = |i: usize| f64::from_le_bytes(raw[1 + 8 * i..9 + 8 * i].try_into().unwrap());
-            return Some(SeqState {
-                seq: f(0),
-                phone_ts: f(1),
-                epoch_ts: f(2),
-                server_ts: f(3),
-            });
-        }
-        let text = std::str::from_utf8(raw).ok()?;
-        let v: Vec<f64> = text
-            .split('|')
-            .map(|p| p.parse().ok())
-            .collect::<Option<_>>()?;
-        match v[..] {
-            [seq, phone_ts, epoch_ts, server_ts] => Some(SeqState {
-                seq,
-                phone_ts,
-                epoch_ts,
-                server_ts,
-            }),
-            _ => None,
-        }
-    }
-
-    /// How far the phone's clock was behind the server when the last point arrived (seconds;
-    /// network delay plus the phone's clock error).
-    pub(crate) fn phone_lag(&self) -> f64 {
-        self.server_ts - self.phone_ts
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,23 +287,5 @@ mod tests {
         let c = cluster(&many, &b, 48);
         assert!(c.len() <= 48 * 48);
         assert_eq!(c.iter().map(|c| c.2).sum::<u64>(), 60_000);
-    }
-
-    #[test]
-    fn seq_state_reads_both_forms() {
-        let mut raw = vec![1u8];
-        for v in [42.0f64, 1000.5, 900.0, 1002.0] {
-            raw.extend_from_slice(&v.to_le_bytes());
-        }
-        let s = SeqState::decode(&raw).unwrap();
-        assert_eq!(
-            (s.seq, s.phone_ts, s.epoch_ts, s.server_ts),
-            (42.0, 1000.5, 900.0, 1002.0)
-        );
-        assert_eq!(s.phone_lag(), 1.5);
-        let t = SeqState::decode(b"7|10|5|12").unwrap();
-        assert_eq!(t.seq, 7.0);
-        assert!(SeqState::decode(b"garbage").is_none());
-        assert!(SeqState::decode(&raw[..20]).is_none());
     }
 }

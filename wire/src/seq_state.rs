@@ -4,7 +4,7 @@
 //! `ingest.seen_every` bucket, so its score may lag by up to that.
 
 /// A courier's seq state as the batch script keeps it in the `seq` hash.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct SeqState {
     pub seq: f64,
     /// Phone time of the last accepted point.
@@ -33,6 +33,12 @@ impl SeqState {
             v.extend_from_slice(&x.to_le_bytes());
         }
         v
+    }
+
+    /// How far the phone's clock was behind the server when the last point arrived (seconds;
+    /// network delay plus the phone's clock error): the ops map's "phone lag".
+    pub fn phone_lag(&self) -> f64 {
+        self.server_ts - self.phone_ts
     }
 
     /// Reads the packed form, or the `seq|phone_ts|epoch_ts|server_ts` text that scripts before
@@ -75,6 +81,7 @@ mod tests {
         assert_eq!(packed.len(), SeqState::PACKED_LEN);
         assert_eq!(packed[0], SeqState::TAG);
         assert_eq!(SeqState::decode(&packed), Some(st));
+        assert_eq!(st.phone_lag(), 0.875);
         packed[0] = SeqState::OFFLINE_TAG;
         assert_eq!(SeqState::decode(&packed), Some(st));
         assert_eq!(
