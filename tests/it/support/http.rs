@@ -95,22 +95,7 @@ pub async fn http_post(
 }
 
 /// `GET path` from synchronous code (or from inside a runtime without awaiting): status and
-/// body, `None` while nothing answers. Runs the client on a thread of its own.
+/// body, `None` while nothing answers (`common::http_get`, the benches' helper, underneath).
 pub fn get_blocking(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let url = format!("http://{addr}{path}");
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            let a = rt
-                .block_on(HttpClient::new(Duration::from_secs(10), 16 << 20).get(&url, &[]))
-                .ok()?;
-            Some((a.status, a.text()))
-        })
-        .join()
-        .ok()
-        .flatten()
-    })
+    crate::common::http_get(&format!("http://{addr}{path}")).map(|a| (a.status, a.text()))
 }
