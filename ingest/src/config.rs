@@ -25,6 +25,12 @@ pub struct IngestConfig {
     pub batch_max: usize,
     /// Batch script calls in flight per worker.
     pub max_in_flight: usize,
+    /// Under load (at least 16 messages queued when a batch starts) a batch short of
+    /// `batch_max` waits this long for more before it goes: fuller batches, less Redis work per
+    /// point, at most this much more delay. Under lighter load a batch goes at once. `0s` turns
+    /// it off; at most 50ms.
+    #[serde(with = "courier_wire::duration")]
+    pub batch_linger: Duration,
     /// A courier silent this long leaves `couriers:live` (humantime: `60s`, `2m`).
     #[serde(with = "courier_wire::duration")]
     pub evict_after: Duration,
@@ -75,6 +81,7 @@ impl Default for IngestConfig {
             queue_capacity: 65_536,
             batch_max: 512,
             max_in_flight: 4,
+            batch_linger: Duration::from_millis(2),
             evict_after: Duration::from_secs(60),
             seen_every: Duration::from_secs(5),
             sweep_every: Duration::from_secs(5),
@@ -137,6 +144,12 @@ impl IngestConfig {
             if v == 0 {
                 return Err(ConfigError::new(name, "must be at least 1"));
             }
+        }
+        if self.batch_linger > Duration::from_millis(50) {
+            return Err(ConfigError::new(
+                "ingest.batch_linger",
+                "must be at most 50ms",
+            ));
         }
         // Lua's unpack() is limited to about 8000 values; a batch puts 3 per point into GEOADD.
         if self.batch_max > 2000 {
@@ -235,6 +248,15 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("ingest.seen_every"));
+        let c = IngestConfig {
+            batch_linger: Duration::from_millis(51),
+            ..Default::default()
+        };
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("ingest.batch_linger"));
         let c = IngestConfig {
             seen_every: Duration::ZERO,
             ..Default::default()

@@ -86,6 +86,7 @@ pub(crate) async fn run(
         if rx.recv_many(&mut messages, config.batch_max).await == 0 {
             break; // the receive loop closed the queue and it is drained
         }
+        linger(&mut rx, &mut messages, config).await;
         ctx.metrics.queue_depth.set(rx.len() as f64);
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             break;
@@ -100,6 +101,31 @@ pub(crate) async fn run(
     tasks.wait().await;
     done.cancel();
     let _ = receiver.await;
+}
+
+/// A batch whose first take from the queue held fewer messages than this goes at once: points
+/// arrive slower than batches go, Redis has room, and waiting would only add delay.
+const LINGER_FROM: usize = 16;
+
+/// `ingest.batch_linger`: under load (the first take held at least [`LINGER_FROM`] messages) a
+/// batch short of `batch_max` waits up to the linger for more; fuller batches cost Redis less
+/// per point (docs/benchmarks.md, "Batch linger"). Under light load it goes at once.
+async fn linger(
+    rx: &mut mpsc::Receiver<Message>,
+    messages: &mut Vec<Message>,
+    config: &IngestConfig,
+) {
+    if config.batch_linger.is_zero() || messages.len() < LINGER_FROM {
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + config.batch_linger;
+    while messages.len() < config.batch_max {
+        let room = config.batch_max - messages.len();
+        match tokio::time::timeout_at(deadline, rx.recv_many(messages, room)).await {
+            Ok(0) | Err(_) => return, // the queue closed, or the linger passed
+            Ok(_) => {}
+        }
+    }
 }
 
 /// Validates, decides in Redis, publishes tracks and counts one batch.
@@ -248,5 +274,105 @@ async fn call_with_retry(
                 backoff = (backoff * 2).min(Duration::from_millis(250));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::Instant;
+
+    fn message() -> Message {
+        Message {
+            topic: "couriers/c1/loc".into(),
+            payload: bytes::Bytes::from_static(b"{}"),
+            received: 0.0,
+        }
+    }
+
+    fn config(batch_max: usize, linger_ms: u64) -> IngestConfig {
+        IngestConfig {
+            batch_max,
+            batch_linger: Duration::from_millis(linger_ms),
+            ..Default::default()
+        }
+    }
+
+    /// A batch as the worker loop starts one: what is queued now, then the linger.
+    async fn batch(rx: &mut mpsc::Receiver<Message>, config: &IngestConfig) -> Vec<Message> {
+        let mut messages = Vec::new();
+        rx.recv_many(&mut messages, config.batch_max).await;
+        linger(rx, &mut messages, config).await;
+        messages
+    }
+
+    fn queue(n: usize) -> (mpsc::Sender<Message>, mpsc::Receiver<Message>) {
+        let (tx, rx) = mpsc::channel(1024);
+        for _ in 0..n {
+            tx.try_send(message()).unwrap();
+        }
+        (tx, rx)
+    }
+
+    /// Sends `n` messages after `after` on the paused clock.
+    fn later(tx: &mpsc::Sender<Message>, after: Duration, n: usize) {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            for _ in 0..n {
+                tx.send(message()).await.unwrap();
+            }
+        });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn under_light_load_a_batch_goes_at_once() {
+        let (tx, mut rx) = queue(LINGER_FROM - 1);
+        later(&tx, Duration::from_millis(1), 100);
+        let t0 = Instant::now();
+        let got = batch(&mut rx, &config(512, 20)).await;
+        assert_eq!(got.len(), LINGER_FROM - 1);
+        assert_eq!(t0.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn under_load_a_batch_waits_the_linger_for_more() {
+        let (tx, mut rx) = queue(LINGER_FROM);
+        later(&tx, Duration::from_millis(1), 10);
+        later(&tx, Duration::from_millis(5), 10); // after the linger: the next batch's
+        let t0 = Instant::now();
+        let got = batch(&mut rx, &config(512, 2)).await;
+        assert_eq!(got.len(), LINGER_FROM + 10);
+        assert_eq!(t0.elapsed(), Duration::from_millis(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_batch_goes_without_waiting_out_the_linger() {
+        let (tx, mut rx) = queue(LINGER_FROM);
+        later(&tx, Duration::from_millis(1), 100);
+        let t0 = Instant::now();
+        let got = batch(&mut rx, &config(LINGER_FROM + 20, 50)).await;
+        assert_eq!(got.len(), LINGER_FROM + 20);
+        assert_eq!(t0.elapsed(), Duration::from_millis(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_queue_ends_the_linger_with_what_it_held() {
+        let (tx, mut rx) = queue(LINGER_FROM + 3);
+        drop(tx);
+        let t0 = Instant::now();
+        let got = batch(&mut rx, &config(512, 50)).await;
+        assert_eq!(got.len(), LINGER_FROM + 3);
+        assert_eq!(t0.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_linger_when_it_is_off() {
+        let (tx, mut rx) = queue(100);
+        later(&tx, Duration::from_millis(1), 100);
+        let t0 = Instant::now();
+        let got = batch(&mut rx, &config(512, 0)).await;
+        assert_eq!(got.len(), 100);
+        assert_eq!(t0.elapsed(), Duration::ZERO);
     }
 }
