@@ -862,4 +862,54 @@ mod tests {
             7
         );
     }
+
+    /// `courier-pipeline.example.toml` parses to the defaults, and names every setting of every
+    /// section (as `key = ...` or, for a setting unset by default, `# key = ...`). The list of
+    /// settings is the one serde reports for an unknown key, so a new setting fails this test
+    /// until the example has it.
+    #[test]
+    fn the_example_file_holds_every_setting_at_its_default() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("courier-pipeline.example.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(FileConfig::from_file(&path).unwrap(), FileConfig::default());
+        let named = |section: &str, key: &str| {
+            let mut in_section = section.is_empty();
+            text.lines().any(|line| {
+                let line = line.trim();
+                if line.starts_with('[') {
+                    in_section = line == format!("[{section}]");
+                    return false;
+                }
+                let line = line.trim_start_matches("# ");
+                in_section && line.split_once(" = ").is_some_and(|(k, _)| k == key)
+            })
+        };
+        let fields = |probe: &str| -> Vec<String> {
+            let e = FileConfig::from_toml(probe).unwrap_err().reason;
+            // serde: "unknown field `x`, expected `a`" or "..., expected one of `a`, `b`".
+            let (_, list) = e.split_once(", expected").unwrap_or_else(|| panic!("{e}"));
+            list.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect()
+        };
+        let sections = fields("no_such_setting = 1\n");
+        assert!(sections.len() > 10, "{sections:?}");
+        for section in &sections {
+            let probe = format!("[{section}]\nno_such_setting = 1\n");
+            let keys = match FileConfig::from_toml(&probe) {
+                Ok(_) => panic!("[{section}] took an unknown key"),
+                Err(e) if e.reason.contains("unknown field") => fields(&probe),
+                // Not a table: a top-level setting.
+                Err(_) => {
+                    assert!(named("", section), "the example lacks {section}");
+                    continue;
+                }
+            };
+            for key in keys {
+                assert!(named(section, &key), "the example lacks {section}.{key}");
+            }
+        }
+    }
 }
