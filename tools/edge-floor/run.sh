@@ -29,7 +29,7 @@ for m in 0 1; do
      --report sim$m.json > sim$m.log 2>&1 &
   sims+=($!)
 done
-cleanup() { kill "${sims[@]}" 2>/dev/null; sleep 3; kill -9 "${sims[@]}" 2>/dev/null; kill $f0 $f1 2>/dev/null; wait; }
+cleanup() { kill "${sims[@]}" 2>/dev/null || true; sleep 3; kill -9 "${sims[@]}" 2>/dev/null || true; kill $f0 $f1 2>/dev/null || true; wait || true; }
 trap cleanup EXIT
 conns() { for f in floor0.log floor1.log; do tail -n1 $f | awk '{print $8}'; done | awk '{s+=$1} END{print s+0}'; }
 t0=$(date +%s)
