@@ -82,7 +82,8 @@ pub(crate) async fn run(
     loop {
         let mut messages = Vec::with_capacity(config.batch_max);
         // Returns at once with what is queued (up to batch_max): batches grow with load and a
-        // lone point is not held back waiting for company.
+        // lone point is not held back waiting for company; only under load does the linger
+        // wait for more.
         if rx.recv_many(&mut messages, config.batch_max).await == 0 {
             break; // the receive loop closed the queue and it is drained
         }
