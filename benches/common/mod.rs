@@ -172,11 +172,13 @@ impl Listeners {
 
     /// The (first) listener called `name`; panics naming what was reported when there is none.
     pub fn get(&self, name: &str) -> SocketAddr {
-        self.0
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, a)| *a)
+        self.find(name)
             .unwrap_or_else(|| panic!("no {name} listener reported: {:?}", self.0))
+    }
+
+    /// The (first) listener called `name`, if the process has one.
+    pub fn find(&self, name: &str) -> Option<SocketAddr> {
+        self.0.iter().find(|(n, _)| n == name).map(|(_, a)| *a)
     }
 }
 

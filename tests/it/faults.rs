@@ -120,8 +120,8 @@ impl Ledger {
 /// `courier-pipeline broker` as its own process (anonymous: this test is about faults, not
 /// logins), listening on `addr`.
 fn broker_process(addr: SocketAddr) -> Proc {
-    let child = Command::new(BIN)
-        .arg("broker")
+    let mut cmd = Command::new(BIN);
+    cmd.arg("broker")
         .env_remove("MQTT_URL")
         .env_remove("AUTH_KEY_DIR")
         .env("MQTT_ALLOW_ANONYMOUS", "true")
@@ -129,14 +129,11 @@ fn broker_process(addr: SocketAddr) -> Proc {
         .env("METRICS_LISTEN", "off")
         .env("RUST_LOG", "error")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "broker did not listen on {addr}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        .stderr(Stdio::null());
+    // Written once rumqttd accepts connections.
+    let report = ListenReport::on(&mut cmd);
+    let mut child = cmd.spawn().unwrap();
+    assert_eq!(report.wait(&mut child, "broker").get("broker"), addr);
     Proc {
         name: "broker",
         child,
@@ -191,6 +188,7 @@ async fn a_mosquitto_restart_loses_only_the_gap_and_every_role_comes_back() {
 
 async fn broker_restart(kind: BrokerKind) {
     let (seconds, rate) = (knob("FAULT_SECONDS", 8.0), knob("FAULT_RATE", 2000.0));
+    // Restarted on the same port (its clients reconnect to the address they knew).
     let addr = free_addr();
     let dir = std::env::temp_dir().join(format!("bus-{:x}", rand::random::<u64>()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -499,6 +497,7 @@ async fn redis_restarted_with_aof_loses_nothing_and_the_live_index_comes_back() 
 
 async fn redis_restart(aof: bool) {
     let (seconds, rate) = (knob("FAULT_SECONDS", 8.0), knob("FAULT_RATE", 2000.0));
+    // Redis is told its port, and restarted on it.
     let port = free_addr().port();
     let url = format!("redis://127.0.0.1:{port}/");
     let dir = std::env::temp_dir().join(format!("aof-{:x}", rand::random::<u64>()));
@@ -734,6 +733,9 @@ struct RunPorts {
 }
 
 impl RunPorts {
+    /// Ports chosen before the start: for a `run` restarted on the same ones (its phones
+    /// reconnect to the address they knew), and for the embedded bus (rumqttd cannot report a
+    /// port 0).
     fn free() -> Self {
         RunPorts {
             bus: free_addr(),
@@ -741,6 +743,18 @@ impl RunPorts {
             metrics: free_addr(),
             http: free_addr(),
             ws: free_addr(),
+        }
+    }
+
+    /// Port 0 everywhere, for a `run` on an external bus that is never restarted.
+    fn any() -> Self {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        RunPorts {
+            bus: any,
+            edge: any,
+            metrics: any,
+            http: any,
+            ws: any,
         }
     }
 }
@@ -760,16 +774,17 @@ fn run_config(prefix: &str) -> (std::path::PathBuf, std::path::PathBuf) {
 }
 
 fn run_process(p: &RunPorts, conf: &std::path::Path, database_url: &str) -> Proc {
-    run_on_bus(p, conf, database_url, None)
+    run_on_bus(p, conf, database_url, None).0
 }
 
-/// `run` against an external bus (`MQTT_URL`), or with its embedded one.
+/// `run` against an external bus (`MQTT_URL`), or with its embedded one; returns once every
+/// listener is bound, with the addresses it bound.
 fn run_on_bus(
     p: &RunPorts,
     conf: &std::path::Path,
     database_url: &str,
     bus: Option<&MqttEndpoint>,
-) -> Proc {
+) -> (Proc, RunPorts) {
     let mut cmd = Command::new(BIN);
     with_test_keys(&mut cmd)
         .args(["--config", conf.to_str().unwrap(), "run"])
@@ -787,10 +802,20 @@ fn run_on_bus(
     if let Some(b) = bus {
         cmd.env("MQTT_URL", format!("mqtt://{}:{}", b.host, b.port));
     }
-    Proc {
+    let report = ListenReport::on(&mut cmd);
+    let mut run = Proc {
         name: "run",
         child: cmd.spawn().unwrap(),
-    }
+    };
+    let bound = report.wait(&mut run.child, "run");
+    let bound = RunPorts {
+        bus: bound.find("broker").unwrap_or(p.bus),
+        edge: bound.get("edge.tcp"),
+        metrics: bound.get("metrics"),
+        http: bound.get("http"),
+        ws: bound.get("ws"),
+    };
+    (run, bound)
 }
 
 async fn ready(metrics: SocketAddr) -> bool {
@@ -894,11 +919,9 @@ async fn two_nodes_on_one_bus_split_the_load_and_count_nothing_twice() {
     let prefix = prefix();
     let keys = Keys::with_prefix(&prefix);
     let (dir, conf) = run_config(&prefix);
-    let (n1, n2) = (RunPorts::free(), RunPorts::free());
-    let mut procs = vec![
-        run_on_bus(&n1, &conf, &schema.url, Some(&bus.endpoint)),
-        run_on_bus(&n2, &conf, &schema.url, Some(&bus.endpoint)),
-    ];
+    let (p1, n1) = run_on_bus(&RunPorts::any(), &conf, &schema.url, Some(&bus.endpoint));
+    let (p2, n2) = run_on_bus(&RunPorts::any(), &conf, &schema.url, Some(&bus.endpoint));
+    let mut procs = vec![p1, p2];
     for n in [&n1, &n2] {
         assert!(ready(n.metrics).await, "a node never got ready");
     }
@@ -948,6 +971,7 @@ async fn two_nodes_on_one_bus_split_the_load_and_count_nothing_twice() {
 async fn the_gateway_and_dispatch_work_again_after_a_redis_restart() {
     let _serial = SERIAL.lock().await;
     use rumqttc::QoS;
+    // Redis is told its port, and restarted on it.
     let port = free_addr().port();
     let url = format!("redis://127.0.0.1:{port}/");
     let mut redis = redis_process(port);

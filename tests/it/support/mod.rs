@@ -160,6 +160,7 @@ pub fn mosquitto_bin() -> PathBuf {
 
 /// Starts a broker on a free port: rumqttd in this process, or a Mosquitto child process.
 pub fn start_broker(kind: BrokerKind) -> TestBroker {
+    // Neither rumqttd nor Mosquitto can report a port 0 it got: the port is chosen here.
     let addr = free_addr();
     match kind {
         BrokerKind::Embedded => {
