@@ -352,6 +352,7 @@ async fn a_stolen_token_reads_nothing_and_moves_no_one() {
         .await,
         "B's points did not all reach ingest"
     );
+    // A negative: time for a leak to A to show up (nothing to wait for when nothing comes).
     tokio::time::sleep(Duration::from_millis(300)).await;
     while let Ok(ev) = a_got.try_recv() {
         if matches!(ev, Event::Incoming(Packet::Publish(_))) {
@@ -425,6 +426,7 @@ async fn a_stolen_token_reads_nothing_and_moves_no_one() {
         .await,
         "QoS 2"
     );
+    // A negative: time for a refused publish to reach the bus if it were let through.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let leaked = r.drain_spy();
     assert!(leaked.is_empty(), "reached the bus: {leaked:?}");
@@ -473,6 +475,7 @@ async fn a_stolen_token_reads_nothing_and_moves_no_one() {
         acks,
         [m5::PubAckReason::NotAuthorized, m5::PubAckReason::Success]
     );
+    // Exactly one through: time for the refused one to arrive too, were it let through.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let through = r.drain_spy();
     assert_eq!(through.len(), 1, "{through:?}");
@@ -512,6 +515,8 @@ async fn expiry_drops_and_takeovers_handle_the_will() {
     assert!(tokio::time::timeout(Duration::from_secs(5), h4)
         .await
         .is_ok());
+    // cx's and cy's Wills must arrive, and a wrongly published one (cz, cw) would meanwhile:
+    // a negative has no state to wait for.
     tokio::time::sleep(Duration::from_millis(800)).await;
     let seen = r.drain_spy();
     let offline: Vec<&str> = seen
@@ -885,6 +890,7 @@ async fn after_his_own_offline_a_couriers_points_go_nowhere_until_online() {
         "off-shift points counted: {}",
         e.off_shift.load(Relaxed)
     );
+    // A negative: time for an off-shift point to reach the bus, were it forwarded.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let seen = r.drain_spy();
     let locs = seen

@@ -157,6 +157,21 @@ async fn rows(url: &str) -> i64 {
         .get(0)
 }
 
+/// The row count once history has written everything it will (no change for half a second,
+/// five of its 100 ms batches; 15 s at most).
+async fn settled_rows(url: &str) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut last = (rows(url).await, Instant::now());
+    while last.1.elapsed() < Duration::from_millis(500) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = rows(url).await;
+        if now != last.0 {
+            last = (now, Instant::now());
+        }
+    }
+    last.0
+}
+
 /// Waits until ingest has judged everything it will (no change for half a second).
 async fn settle(ingest: &Stats) {
     let mut last = (u64::MAX, Instant::now());
@@ -210,6 +225,7 @@ async fn broker_restart(kind: BrokerKind) {
     tokio::time::sleep(Duration::from_secs_f64(seconds / 4.0)).await;
     sigkill(&mut broker);
     let killed_at = sim_stats.sent.load(Relaxed);
+    // The outage itself: the broker stays away for a second.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut broker = start();
     let restarted = Instant::now();
@@ -230,7 +246,8 @@ async fn broker_restart(kind: BrokerKind) {
     );
     let recovered_in = restarted.elapsed();
     // From here on nothing may be lost: compare what was written with what was judged over
-    // the rest of the run.
+    // the rest of the run, from half a second on (a margin past the first accepted point
+    // for the other workers' resubscriptions; no state says when the last one is in).
     tokio::time::sleep(Duration::from_millis(500)).await;
     let steady_from = (sim_stats.sent.load(Relaxed), ingest.stats.settled());
     let report = run.await.unwrap().unwrap();
@@ -583,6 +600,7 @@ async fn a_rolling_restart_of_an_ingest_worker_loses_nothing() {
     tokio::time::sleep(Duration::from_secs_f64(seconds / 3.0)).await;
     let (a, a_run) = (a.stats.clone(), a);
     a_run.stop().await;
+    // The rolling restart's gap: a second with one worker fewer before its successor starts.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let c = start_ingest(&broker, test_ingest_config(), keys.clone()).await;
     run.await.unwrap().unwrap();
@@ -694,6 +712,7 @@ async fn a_rolling_restart_of_a_history_writer_loses_no_row() {
     let run = tokio::spawn(sim.run(CancellationToken::new(), |_| {}));
     tokio::time::sleep(Duration::from_secs_f64(seconds / 3.0)).await;
     stop_role("history a", a_stop, a_task).await;
+    // The rolling restart's gap: a second with one writer fewer before its successor starts.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (c, c_stop, c_task) = history_writer(&broker.endpoint, &schema.url, &keys).await;
     run.await.unwrap().unwrap();
@@ -881,8 +900,7 @@ async fn run_killed_under_load_comes_back_and_history_keeps_what_was_committed()
         "not every courier was seen again within 20 s of the restart"
     );
     let report = load_run.await.unwrap().unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let after = rows().await;
+    let after = settled_rows(&schema.url).await;
     let sent = sim_stats.sent.load(Relaxed);
     println!(
         "ledger [SIGKILL of run]: sent {sent} (never written {}), rows {after} ({committed} committed \
@@ -997,6 +1015,7 @@ async fn the_gateway_and_dispatch_work_again_after_a_redis_restart() {
         .unwrap();
 
     sigkill(&mut redis);
+    // The outage itself: Redis stays away for two seconds.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut redis = redis_process(port);
 

@@ -498,6 +498,7 @@ async fn dead_letters_are_listed_and_replayed_per_tenant_and_wrong_keys_move_not
         count("SELECT count(*) FROM webhook_deliveries WHERE state = 'dead'").await,
         1
     );
+    // A negative: time for an attempt on a dead delivery to arrive, were one made.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let attempts_while_dead = rx.hits().len();
     assert_eq!(
@@ -982,6 +983,7 @@ async fn push_notices_go_once_per_device_and_kind_and_dead_tokens_are_retired() 
             && seen("tok-flaky").len() == 3)
         .await
     );
+    // A negative: time for a duplicate notice to show up.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let kinds = |t: &str| seen(t).into_iter().map(|(_, _, k)| k).collect::<Vec<_>>();
     assert_eq!(kinds("tok-ok"), ["order.picked_up", "order.delivered"]);
@@ -1053,6 +1055,7 @@ async fn the_relay_survives_its_stream_being_deleted() {
         .query_async(&mut redis().await)
         .await
         .unwrap();
+    // A negative: time for the relay to trip over the missing stream (it reads every 50 ms).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!n.task.is_finished(), "the notify role stopped");
     assign(&f, "o-2", "c-2", "acme").await;
