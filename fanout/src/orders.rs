@@ -29,7 +29,7 @@ use bytes::Bytes;
 use courier_auth::{Claims, SigningKey};
 use courier_wire::events::with_emit;
 use courier_wire::topic::valid_id;
-use courier_wire::Keys;
+use courier_wire::{ApiError, Keys};
 use redis::Script;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -111,36 +111,28 @@ pub(crate) fn router(api: Arc<OrdersApi>) -> Router {
         .with_state(api)
 }
 
-/// A JSON error answer: `{"error": "..."}`.
+/// A refused call: the answer every API gives ([`ApiError`]) and the `result` label it is
+/// counted under.
 #[derive(Debug)]
-pub(crate) struct ApiError {
-    status: StatusCode,
-    message: String,
+pub(crate) struct Refused {
+    answer: ApiError,
     result: &'static str,
 }
 
-fn fail(status: StatusCode, result: &'static str, message: impl Into<String>) -> ApiError {
-    ApiError {
-        status,
-        message: message.into(),
+fn fail(status: StatusCode, result: &'static str, message: impl Into<String>) -> Refused {
+    Refused {
+        answer: ApiError::new(status, message),
         result,
     }
 }
 
-impl IntoResponse for ApiError {
+impl IntoResponse for Refused {
     fn into_response(self) -> Response {
-        let mut r = (self.status, Json(json!({ "error": self.message }))).into_response();
-        if self.status == StatusCode::UNAUTHORIZED {
-            r.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static("Bearer"),
-            );
-        }
-        r
+        self.answer.into_response()
     }
 }
 
-fn redis_failed(e: redis::RedisError) -> ApiError {
+fn redis_failed(e: redis::RedisError) -> Refused {
     tracing::warn!(error = %e, "orders API: redis call failed");
     fail(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -149,7 +141,7 @@ fn redis_failed(e: redis::RedisError) -> ApiError {
     )
 }
 
-fn check_service(api: &OrdersApi, headers: &HeaderMap) -> Result<(), ApiError> {
+fn check_service(api: &OrdersApi, headers: &HeaderMap) -> Result<(), Refused> {
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -164,7 +156,7 @@ fn check_service(api: &OrdersApi, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-fn check_order(order: &str) -> Result<(), ApiError> {
+fn check_order(order: &str) -> Result<(), Refused> {
     if valid_id(order) {
         Ok(())
     } else {
@@ -176,7 +168,7 @@ fn check_order(order: &str) -> Result<(), ApiError> {
     }
 }
 
-fn json_object(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> {
+fn json_object(body: &[u8]) -> Result<serde_json::Map<String, Value>, Refused> {
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => Ok(m),
         _ => Err(fail(
@@ -187,7 +179,7 @@ fn json_object(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> 
     }
 }
 
-fn field<'a>(m: &'a serde_json::Map<String, Value>, name: &str) -> Result<&'a str, ApiError> {
+fn field<'a>(m: &'a serde_json::Map<String, Value>, name: &str) -> Result<&'a str, Refused> {
     m.get(name).and_then(Value::as_str).ok_or_else(|| {
         fail(
             StatusCode::BAD_REQUEST,
@@ -198,7 +190,7 @@ fn field<'a>(m: &'a serde_json::Map<String, Value>, name: &str) -> Result<&'a st
 }
 
 /// An optional place field: `{"lat": .., "lon": ..}` within range (not 0,0).
-fn place(m: &serde_json::Map<String, Value>, name: &str) -> Result<Option<(f64, f64)>, ApiError> {
+fn place(m: &serde_json::Map<String, Value>, name: &str) -> Result<Option<(f64, f64)>, Refused> {
     let Some(v) = m.get(name) else {
         return Ok(None);
     };
@@ -221,7 +213,7 @@ fn place(m: &serde_json::Map<String, Value>, name: &str) -> Result<Option<(f64, 
 }
 
 /// Runs a handler body and counts its outcome under `event`.
-fn counted(event: &'static str, r: Result<Response, ApiError>) -> Response {
+fn counted(event: &'static str, r: Result<Response, Refused>) -> Response {
     match r {
         Ok(resp) => {
             let result = if resp.headers().contains_key("idempotent-replayed") {
@@ -253,7 +245,7 @@ async fn assign_inner(
     order: &str,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<Response, ApiError> {
+) -> Result<Response, Refused> {
     check_service(api, headers)?;
     check_order(order)?;
     let m = json_object(body)?;
@@ -336,7 +328,7 @@ async fn token_inner(
     order: &str,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<Response, ApiError> {
+) -> Result<Response, Refused> {
     check_service(api, headers)?;
     check_order(order)?;
     let m = json_object(body)?;
@@ -406,7 +398,7 @@ fn idempotency_record(prefix: &str, order: &str, key: &str) -> String {
     format!("{prefix}{}:{order}:{key}", order.len())
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<&str, ApiError> {
+fn idempotency_key(headers: &HeaderMap) -> Result<&str, Refused> {
     let k = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
@@ -432,7 +424,7 @@ async fn event_inner(
     order: &str,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<Response, ApiError> {
+) -> Result<Response, Refused> {
     check_service(api, headers)?;
     check_order(order)?;
     let key = idempotency_key(headers)?;
