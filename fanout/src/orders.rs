@@ -199,19 +199,14 @@ fn request<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<(Value, T), Re
 /// A request field as sent: absent, of its type, or anything else (`null` included), so that
 /// each refusal names its field as the API always has. Unknown fields are ignored (and still
 /// part of an event's fingerprint).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(untagged)]
 enum Sent<T> {
+    #[default]
     #[serde(skip_deserializing)]
     Absent,
     Given(T),
     Other(serde::de::IgnoredAny),
-}
-
-impl<T> Default for Sent<T> {
-    fn default() -> Self {
-        Sent::Absent
-    }
 }
 
 impl Sent<String> {
