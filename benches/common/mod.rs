@@ -103,14 +103,28 @@ pub fn cpu_seconds_named(comm: &str) -> f64 {
 }
 
 /// A port free a moment ago, for a process that must be told its port before it starts
-/// (rumqttd and Mosquitto cannot report a port 0 they got; peers that must be named in advance).
-/// Racy: another process may take it before the child binds it. Anything that can bind port 0
-/// itself does ([`ListenReport`] for `courier-pipeline` processes).
+/// (rumqttd and Mosquitto cannot report a port 0 they got; a process restarted on its port).
+/// Anything that can bind port 0 itself does ([`ListenReport`] for `courier-pipeline`).
+///
+/// Chosen at random BELOW the kernel's ephemeral range: every outgoing connection (thousands
+/// per test run) and every port-0 listener takes its port from that range, so a port picked
+/// there and released could be taken by one of them before its process binds it (it happened:
+/// rumqttd "not accepting connections", a restarted `run` unable to bind). Below it only
+/// another explicit bind can collide; a port already taken is skipped.
 pub fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    // 12,000 ports under it: above the dev Redis Cluster's bus ports (17100..).
+    let from = low.saturating_sub(12_000).max(1025);
+    for _ in 0..1000 {
+        let port = rand::random_range(from..low.max(from + 1));
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            return l.local_addr().unwrap();
+        }
+    }
+    panic!("no free port in {from}..{low}");
 }
 
 /// Where a `courier-pipeline` process started on port 0 says what it bound: its
