@@ -25,7 +25,7 @@ mod common;
 #[path = "../tests/it/support/mod.rs"]
 mod support;
 
-use common::{free_addr, metric, scrape, spawn, wait_port, Proc};
+use common::{free_addr, metric, scrape, spawn, wait_port, ListenReport, Proc};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
@@ -53,6 +53,8 @@ fn start_edge(
     dir: &Path,
     extra: &[(&str, String)],
 ) -> EdgeProc {
+    // Chosen here, not read from LISTEN_REPORT: EDGE_BENCH_EDGE_BIN may name a build older
+    // than the report.
     let metrics = free_addr();
     // EDGE_BENCH_EDGE_BIN: the edge processes from another build (before/after in one run).
     let bin = std::env::var("EDGE_BENCH_EDGE_BIN").unwrap_or_else(|_| BIN.to_string());
@@ -143,7 +145,7 @@ fn main() {
         dir.display()
     );
 
-    // The bus and one ingest worker.
+    // The bus and one ingest worker. The bus is rumqttd, which cannot report a port 0.
     let bus = free_addr();
     let _bus = spawn(
         "bus",
@@ -157,20 +159,18 @@ fn main() {
     wait_port(bus, "bus");
     let conf = dir.join("ingest.toml");
     std::fs::write(&conf, format!("[redis]\nkey_prefix = \"{prefix}\"\n")).unwrap();
-    let ingest_metrics = free_addr();
-    let _ingest = spawn(
-        "ingest",
-        Command::new(BIN)
-            .args(["--config", conf.to_str().unwrap(), "ingest"])
-            .env("AUTH_KEY_DIR", test_key_dir())
-            .env("MQTT_URL", format!("mqtt://{bus}"))
-            .env("REDIS_URL", &redis_url)
-            .env("METRICS_LISTEN", ingest_metrics.to_string()),
-        &dir.join("ingest.log"),
-    );
-    wait_port(ingest_metrics, "ingest metrics");
+    let mut c = Command::new(BIN);
+    c.args(["--config", conf.to_str().unwrap(), "ingest"])
+        .env("AUTH_KEY_DIR", test_key_dir())
+        .env("MQTT_URL", format!("mqtt://{bus}"))
+        .env("REDIS_URL", &redis_url)
+        .env("METRICS_LISTEN", "127.0.0.1:0");
+    let report = ListenReport::on(&mut c);
+    let mut ingest = spawn("ingest", &mut c, &dir.join("ingest.log"));
+    let ingest_metrics = report.wait(&mut ingest.child, "ingest").get("metrics");
 
-    // Edges: one port, several addresses, several processes.
+    // Edges: one port, several addresses, several processes (SO_REUSEPORT): the port must be
+    // known before the first starts.
     let port = free_addr().port();
     let addrs: Vec<String> = (1..=n_addrs)
         .map(|i| format!("127.0.0.{i}:{port}"))
@@ -363,6 +363,7 @@ fn transports(n: usize, bus: SocketAddr, dir: &Path) {
             ],
         )
     };
+    // Chosen here: the edges may come from an older build (EDGE_BENCH_EDGE_BIN).
     let (tls, ws) = (free_addr(), free_addr());
     let ca = std::fs::read(ca_file).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();

@@ -163,14 +163,6 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0
 }
 
-async fn wait_port(addr: std::net::SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(Instant::now() < deadline, "nothing listens on {addr}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn run() {
     let nofile = courier_wire::limits::raise_nofile(0);
     let goal = env_or("FANOUT_BENCH_VIEWERS", 20_000) as usize;
@@ -188,12 +180,11 @@ async fn run() {
     std::fs::create_dir_all(&dir).unwrap();
     let conf = dir.join("bench.toml");
     std::fs::write(&conf, format!("[redis]\nkey_prefix = \"{prefix}\"\n[fanout]\nmax_viewers = 100000\nqueue_capacity = 64\n# Many viewers share each order's token here.\nmax_sessions_per_token = 100000\n")).unwrap();
-    let (http, ws) = (free_addr(), free_addr());
     let bin = env!("CARGO_BIN_EXE_courier-pipeline");
-    let (gw_metrics, ingest_metrics) = (free_addr(), free_addr());
-    let spawn = |role: &str, metrics: std::net::SocketAddr| {
-        Command::new(bin)
-            .arg("--config")
+    // Each process binds port 0 and reports what it bound, once it listens.
+    let spawn = |role: &str| {
+        let mut cmd = Command::new(bin);
+        cmd.arg("--config")
             .arg(&conf)
             .arg(role)
             .env(
@@ -202,23 +193,25 @@ async fn run() {
             )
             .env("REDIS_URL", &services().redis_url)
             .env("DATABASE_URL", &services().database_url)
-            .env("HTTP_LISTEN", http.to_string())
-            .env("WS_LISTEN", ws.to_string())
-            .env("METRICS_LISTEN", metrics.to_string())
+            .env("HTTP_LISTEN", "127.0.0.1:0")
+            .env("WS_LISTEN", "127.0.0.1:0")
+            .env("METRICS_LISTEN", "127.0.0.1:0")
             .env("AUTH_KEY_DIR", test_key_dir())
             .env("SERVICE_KEY", TEST_SERVICE_KEY)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("starting courier-pipeline")
+            .stderr(Stdio::inherit());
+        let report = ListenReport::on(&mut cmd);
+        let mut child = cmd.spawn().expect("starting courier-pipeline");
+        let bound = report.wait(&mut child, role);
+        (child, bound)
     };
-    let gateway = spawn("fanout", gw_metrics);
+    let (gateway, gw) = spawn("fanout");
     let gw_pid = gateway.id();
-    let ingest = spawn("ingest", ingest_metrics);
+    let (ingest, ingest_bound) = spawn("ingest");
     let _children = Children(vec![gateway, ingest]);
-    wait_port(http).await;
-    wait_port(ws).await;
+    let (ws, gw_metrics, ingest_metrics) =
+        (gw.get("ws"), gw.get("metrics"), ingest_bound.get("metrics"));
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // Orders o0.. carry couriers c0..; held viewers watch orders h0.. that get no points.

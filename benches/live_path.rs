@@ -24,18 +24,14 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_courier-pipeline");
 
+/// A port chosen before the process starts ([`common::free_addr`]: below the ephemeral range).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    common::free_addr().port()
 }
 
 struct Proc(Child);

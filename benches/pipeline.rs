@@ -25,9 +25,8 @@
 
 mod common;
 
-use common::{free_addr, metric, scrape, spawn, wait_port, Proc};
+use common::{free_addr, metric, scrape, spawn, wait_port, ListenReport, Proc};
 
-use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -140,22 +139,24 @@ fn main() {
             },
         )
         .unwrap();
-        let (mqtt, metrics_addr, http_addr) = (free_addr(), free_addr(), free_addr());
+        // The bus (rumqttd or Mosquitto) cannot report a port 0: its port is chosen here. The
+        // pipeline's own listeners are bound on port 0 and read back from its LISTEN_REPORT.
+        let mqtt = free_addr();
         // `edge` modes: the phones, one connection per courier, log in at `run`'s edge.
         let phones_via_edge = mode.starts_with("edge");
         let runs_all = mode.starts_with("embedded") || phones_via_edge;
-        let edge_addr = free_addr();
         let common = |c: &mut Command| {
             c.arg("--config")
                 .arg(&config)
                 .env("REDIS_URL", &redis_url)
-                .env("METRICS_LISTEN", metrics_addr.to_string())
-                .env("HTTP_LISTEN", http_addr.to_string())
-                .env("WS_LISTEN", free_addr().to_string())
+                .env("METRICS_LISTEN", "127.0.0.1:0")
+                .env("HTTP_LISTEN", "127.0.0.1:0")
+                .env("WS_LISTEN", "127.0.0.1:0")
                 .env("RUST_LOG", "warn");
+            ListenReport::on(c)
         };
         let mut procs: Vec<Proc> = Vec::new();
-        match mode {
+        let report = match mode {
             "embedded" | "embedded-single" | "edge" | "edge-single" => {
                 let mut c = Command::new(BIN);
                 c.arg("run")
@@ -164,10 +165,11 @@ fn main() {
                     // Embedded modes: shared simulator connections go to the bus, no edge.
                     .env(
                         "EDGE_LISTEN",
-                        if phones_via_edge { edge_addr.to_string() } else { "off".into() },
+                        if phones_via_edge { "127.0.0.1:0" } else { "off" },
                     );
-                common(&mut c);
+                let report = common(&mut c);
                 procs.push(spawn("run", &mut c, &dir.join("run.log")));
+                report
             }
             "mosquitto" => {
                 let conf = dir.join("mosquitto.conf");
@@ -182,22 +184,26 @@ fn main() {
                 wait_port(mqtt, "mosquitto");
                 let mut c = Command::new(BIN);
                 c.arg("ingest").env("MQTT_URL", format!("mqtt://{mqtt}"));
-                common(&mut c);
+                let report = common(&mut c);
                 procs.push(spawn("ingest", &mut c, &dir.join("ingest.log")));
+                report
             }
             other => panic!(
                 "PIPELINE_MODES: unknown mode {other:?} (embedded, embedded-single, edge, edge-single, mosquitto)"
             ),
-        }
-        wait_port(mqtt, "broker");
-        wait_port(metrics_addr, "metrics");
+        };
+        let last = procs.last_mut().expect("a process started");
+        let bound = report.wait(&mut last.child, last.name);
+        let metrics_addr = bound.get("metrics");
+        let http_addr = bound.find("http");
+        let edge_addr = bound.find("edge.tcp");
         std::thread::sleep(Duration::from_secs(1));
         // `run` serves the orders API and the gateway when it has both keys; watch through them.
         let has_fanout = runs_all
             && ["AUTH_KEY_DIR", "SERVICE_KEY"]
                 .iter()
                 .all(|k| std::env::var(k).is_ok_and(|v| !v.is_empty()))
-            && TcpStream::connect_timeout(&http_addr, Duration::from_secs(2)).is_ok();
+            && bound.find("ws").is_some();
         let viewer_path = if has_fanout { "gateway" } else { "broker" };
 
         for (n, &rate) in rates.iter().enumerate() {
@@ -218,7 +224,7 @@ fn main() {
                     "--couriers",
                     &(rate / 10).max(1).to_string(),
                 ])
-                .env("EDGE_LISTEN", edge_addr.to_string());
+                .env("EDGE_LISTEN", edge_addr.expect("run's edge").to_string());
             } else {
                 sim.args(["--interval", "1", "--couriers", &rate.to_string()])
                     .args(["--connections", &connections.to_string()]);
@@ -233,7 +239,12 @@ fn main() {
             .arg(&report)
             .args(
                 has_fanout
-                    .then(|| ["--orders-api".to_string(), format!("http://{http_addr}")])
+                    .then(|| {
+                        [
+                            "--orders-api".to_string(),
+                            format!("http://{}", http_addr.expect("run's HTTP")),
+                        ]
+                    })
                     .into_iter()
                     .flatten(),
             )

@@ -64,6 +64,11 @@ pub enum AppError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("cannot write LISTEN_REPORT {path}: {source}")]
+    ListenReport {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("the broker role needs the embedded broker; unset MQTT_URL")]
     BrokerIsExternal,
     #[error("a role task panicked: {0}")]
@@ -92,15 +97,17 @@ fn listener(what: &'static str, addr: SocketAddr) -> Result<tokio::net::TcpListe
 /// Runs `role` until `shutdown`, then stops intake, drains and returns: one start function per
 /// role below, each adding its tasks, routes and readiness checks.
 pub async fn run(
-    config: Config,
+    mut config: Config,
     role: Role,
     opts: RunOptions,
     shutdown: CancellationToken,
 ) -> Result<(), AppError> {
     let handle = telemetry::install_recorder();
     let readiness = Arc::new(telemetry::Readiness::default());
+    let mut bound = Listening::default();
     if let Some(addr) = config.metrics_listen {
         let l = listener("metrics", addr)?;
+        bound.push("metrics", &l);
         let stop = shutdown.clone();
         let ready = readiness.clone();
         let handle = handle.clone();
@@ -111,6 +118,16 @@ pub async fn run(
         });
     }
 
+    // Bound before the roles start, so that the pages' and tokens' URLs carry the port really
+    // bound (HTTP_LISTEN may name port 0). Every role listed serves routes or fails to start.
+    let http = match role {
+        Role::All | Role::History | Role::Fanout | Role::Notify => {
+            let l = listener("http", config.http_listen)?;
+            config.http_listen = l.local_addr().unwrap_or(config.http_listen);
+            Some(l)
+        }
+        Role::Ingest | Role::Broker | Role::Edge => None,
+    };
     let edge_stats = Arc::new(edge::Stats::default());
     let courier_keys = config.verifier(
         Audience::Courier,
@@ -123,7 +140,7 @@ pub async fn run(
         readiness: &readiness,
     };
     let mut phones = bind_edge(&cx, courier_keys, &edge_stats)?;
-    start_broker(&cx, &mut phones)?;
+    start_broker(&cx, &mut phones, &mut bound)?;
     let stats = Arc::new(Stats::default());
     let history_stats = Arc::new(history_writer::Stats::default());
     if let Some(every) = opts.status_every {
@@ -141,6 +158,7 @@ pub async fn run(
     let mut tasks = Tasks {
         roles: JoinSet::new(),
         routes: Vec::new(),
+        bound,
     };
     if role.runs(Role::History) {
         start_history(&cx, &mut tasks, &history_stats)?;
@@ -161,8 +179,11 @@ pub async fn run(
     if !tasks.routes.is_empty() && config.web.enabled {
         start_maps(&cx, &mut tasks, &handle).await?;
     }
-    if !tasks.routes.is_empty() {
-        start_http(&cx, &mut tasks)?;
+    if let (false, Some(l)) = (tasks.routes.is_empty(), http) {
+        start_http(&cx, &mut tasks, l)?;
+    }
+    if let Some(path) = &config.listen_report {
+        tasks.bound.write(path)?;
     }
     let mut roles = tasks.roles;
     if roles.is_empty() {
@@ -195,10 +216,51 @@ struct Ctx<'a> {
     readiness: &'a telemetry::Readiness,
 }
 
-/// What the start functions add: the roles' tasks and the HTTP routes served together.
+/// What the start functions add: the roles' tasks, the HTTP routes served together and the
+/// addresses bound.
 struct Tasks {
     roles: JoinSet<Result<(), AppError>>,
     routes: Vec<axum::Router>,
+    bound: Listening,
+}
+
+/// The addresses this process really listens on, by name (`metrics`, `http`, `ws`, `broker`,
+/// `broker.tls`, `edge.tcp`, `edge.tls`, `edge.ws`), for `LISTEN_REPORT`.
+#[derive(Debug, Default)]
+struct Listening(Vec<(String, SocketAddr)>);
+
+impl Listening {
+    fn push(&mut self, name: &str, l: &tokio::net::TcpListener) {
+        if let Ok(addr) = l.local_addr() {
+            self.add(name, addr);
+        }
+    }
+
+    fn add(&mut self, name: &str, addr: SocketAddr) {
+        self.0.push((name.to_string(), addr));
+    }
+
+    /// One `name=address` line each, in the order bound.
+    fn get(&self, name: &str) -> Option<SocketAddr> {
+        self.0.iter().find(|(n, _)| n == name).map(|(_, a)| *a)
+    }
+
+    fn lines(&self) -> String {
+        self.0.iter().map(|(n, a)| format!("{n}={a}\n")).collect()
+    }
+
+    /// Writes the report whole: into a file beside it, renamed over `path`, so that a reader
+    /// never sees half of it.
+    fn write(&self, path: &std::path::Path) -> Result<(), AppError> {
+        let fail = |source| AppError::ListenReport {
+            path: path.display().to_string(),
+            source,
+        };
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        std::fs::write(&tmp, self.lines()).map_err(fail)?;
+        std::fs::rename(&tmp, path).map_err(fail)
+    }
 }
 
 /// The edge binds first: a port in use is a start-up error before anything else runs.
@@ -236,7 +298,11 @@ fn bind_edge(
 }
 
 /// The embedded bus broker, for `run` and `broker` unless MQTT_URL names another.
-fn start_broker(cx: &Ctx<'_>, phones: &mut Option<edge::Bound>) -> Result<(), AppError> {
+fn start_broker(
+    cx: &Ctx<'_>,
+    phones: &mut Option<edge::Bound>,
+    bound: &mut Listening,
+) -> Result<(), AppError> {
     let Ctx {
         config, readiness, ..
     } = *cx;
@@ -263,6 +329,10 @@ fn start_broker(cx: &Ctx<'_>, phones: &mut Option<edge::Bound>) -> Result<(), Ap
                 None => broker::start(bc, *listen)?,
             }
             readiness.add("broker", || true);
+            bound.add("broker", *listen);
+            if let Some(t) = tls {
+                bound.add("broker.tls", t.listen);
+            }
             match tls {
                 Some(t) => {
                     tracing::info!(%listen, tls = %t.listen, logins = *auth, "embedded broker listening")
@@ -390,6 +460,10 @@ async fn start_fanout(cx: &Ctx<'_>, tasks: &mut Tasks) -> Result<(), AppError> {
         .and_then(|s| Ok((s, config.verifier(Audience::Viewer, why)?)));
     match (keys, config.fanout.service_key.is_some()) {
         (Ok((signer, verifier)), true) => {
+            // Bound first: the tokens' default WebSocket URL carries the port really bound.
+            let l = listener("ws", config.ws_listen)?;
+            let ws_listen = l.local_addr().unwrap_or(config.ws_listen);
+            tasks.bound.add("ws", ws_listen);
             let mut fanout_config = config.fanout.clone();
             if config.web.enabled {
                 fanout_config.tracking_page_url = Some(page_url(config));
@@ -401,7 +475,7 @@ async fn start_fanout(cx: &Ctx<'_>, tasks: &mut Tasks) -> Result<(), AppError> {
                 keys: config.keys.clone(),
                 signer: signer.clone(),
                 verifier: verifier.clone(),
-                ws_listen: config.ws_listen,
+                ws_listen,
                 stats: fanout_stats.clone(),
             }
             .prepare()
@@ -409,8 +483,7 @@ async fn start_fanout(cx: &Ctx<'_>, tasks: &mut Tasks) -> Result<(), AppError> {
             tasks.routes.push(fanout.router());
             let m = fanout_stats.clone();
             readiness.add("fanout.mqtt", move || m.mqtt_up.get());
-            let l = listener("ws", config.ws_listen)?;
-            tracing::info!(ws = %config.ws_listen, "fanout viewer gateway listening");
+            tracing::info!(ws = %ws_listen, "fanout viewer gateway listening");
             let stop = shutdown.clone();
             tasks
                 .roles
@@ -485,6 +558,7 @@ fn start_edge(cx: &Ctx<'_>, tasks: &mut Tasks, edge: edge::Bound, edge_stats: &A
     readiness.add("edge.bus", move || up.bus_up.get());
     for (via, addr) in edge.local_addrs() {
         tracing::info!(%addr, transport = via.label(), "edge listening for phones");
+        tasks.bound.add(&format!("edge.{}", via.label()), addr);
     }
     let stop = shutdown.clone();
     tasks
@@ -512,11 +586,11 @@ async fn start_maps(
         ops_keys,
         viewer_keys: key(Audience::Viewer),
         evict_after: config.ingest.evict_after,
-        ws_url: config
-            .fanout
-            .public_ws_url
-            .clone()
-            .unwrap_or_else(|| format!("ws://{}{}", config.ws_listen, fanout::PATH)),
+        ws_url: config.fanout.public_ws_url.clone().unwrap_or_else(|| {
+            // The gateway of this process, at the port it really bound, else the configured one.
+            let ws = tasks.bound.get("ws").unwrap_or(config.ws_listen);
+            format!("ws://{ws}{}", fanout::PATH)
+        }),
         metrics: Some(Arc::new(move || metrics_text.render())),
     };
     tasks
@@ -527,7 +601,7 @@ async fn start_maps(
 }
 
 /// The one HTTP listener of the process, serving every role's routes.
-fn start_http(cx: &Ctx<'_>, tasks: &mut Tasks) -> Result<(), AppError> {
+fn start_http(cx: &Ctx<'_>, tasks: &mut Tasks, l: tokio::net::TcpListener) -> Result<(), AppError> {
     let Ctx {
         config, shutdown, ..
     } = *cx;
@@ -535,7 +609,7 @@ fn start_http(cx: &Ctx<'_>, tasks: &mut Tasks) -> Result<(), AppError> {
     if let Some(keys) = &config.auth {
         tasks.routes.push(jwks_route(keys));
     }
-    let l = listener("http", config.http_listen)?;
+    tasks.bound.push("http", &l);
     let app = tasks
         .routes
         .drain(..)
@@ -626,4 +700,37 @@ fn jwks_route(keys: &courier_auth::KeySet) -> axum::Router {
             }
         }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_listen_report_is_one_line_per_listener_written_whole() {
+        let mut bound = Listening::default();
+        bound.add("metrics", "127.0.0.1:9464".parse().unwrap());
+        bound.add("edge.tcp", "127.0.0.1:40001".parse().unwrap());
+        bound.add("edge.tcp", "[::1]:40002".parse().unwrap());
+        assert_eq!(
+            bound.lines(),
+            "metrics=127.0.0.1:9464\nedge.tcp=127.0.0.1:40001\nedge.tcp=[::1]:40002\n"
+        );
+        assert_eq!(
+            bound.get("edge.tcp"),
+            Some("127.0.0.1:40001".parse().unwrap())
+        );
+        assert_eq!(bound.get("ws"), None);
+        let dir = std::env::temp_dir().join(format!("report-{:x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("listen");
+        bound.write(&path).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), bound.lines());
+        // Nothing left beside it.
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        // A directory that does not exist: an error naming the file, not a panic.
+        let err = bound.write(&dir.join("none/listen")).unwrap_err();
+        assert!(err.to_string().contains("LISTEN_REPORT"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

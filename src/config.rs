@@ -244,6 +244,10 @@ pub struct Overrides {
     /// MQTT over WebSocket listener(s) of the edge (path /mqtt).
     #[arg(long, global = true, env = "EDGE_WS_LISTEN")]
     pub edge_ws_listen: Option<String>,
+    /// A file this process writes `name=address` lines to once all its listeners are bound
+    /// (what a starter that gave it port 0 reads back).
+    #[arg(long, global = true, env = "LISTEN_REPORT")]
+    pub listen_report: Option<String>,
 }
 
 /// Where the roles find their broker.
@@ -295,6 +299,8 @@ pub struct Config {
     pub notify: NotifyConfig,
     pub web: WebConfig,
     pub shutdown_grace: Duration,
+    /// Where to write the addresses really bound (`LISTEN_REPORT`), e.g. after port 0.
+    pub listen_report: Option<PathBuf>,
 }
 
 impl Config {
@@ -447,48 +453,58 @@ impl FileConfig {
             ),
             None => None,
         };
-        let broker =
-            match &self.mqtt.url {
-                Some(url) => {
-                    let mut e = MqttEndpoint::parse(url).map_err(|e| err("MQTT_URL", e))?;
-                    if let Some(ca) = &self.mqtt.ca_file {
-                        let pem = std::fs::read(ca)
-                            .map_err(|x| err("MQTT_CA_FILE", format!("{}: {x}", ca.display())))?;
-                        e.ca_pem = Some(pem);
-                    }
-                    Broker::External(e)
+        let broker = match &self.mqtt.url {
+            Some(url) => {
+                let mut e = MqttEndpoint::parse(url).map_err(|e| err("MQTT_URL", e))?;
+                if let Some(ca) = &self.mqtt.ca_file {
+                    let pem = std::fs::read(ca)
+                        .map_err(|x| err("MQTT_CA_FILE", format!("{}: {x}", ca.display())))?;
+                    e.ca_pem = Some(pem);
                 }
-                None => {
-                    let tls = match (
-                        &self.mqtt.tls_listen,
-                        &self.mqtt.tls_cert,
-                        &self.mqtt.tls_key,
-                    ) {
-                        (None, _, _) => None,
-                        (Some(l), Some(cert), Some(key)) => Some(crate::broker::TlsListener {
-                            listen: l
-                                .parse()
-                                .map_err(|e| err("MQTT_TLS_LISTEN", format!("{l:?}: {e}")))?,
-                            cert: cert.clone(),
-                            key: key.clone(),
-                        }),
-                        (Some(_), _, _) => {
-                            return Err(err(
-                                "mqtt.tls_listen",
-                                "needs mqtt.tls_cert and mqtt.tls_key",
-                            ))
-                        }
-                    };
-                    Broker::Embedded {
-                        listen: self.mqtt.listen.parse().map_err(|e| {
-                            err("MQTT_LISTEN", format!("{:?}: {e}", self.mqtt.listen))
-                        })?,
-                        config: self.mqtt.broker_config.clone(),
-                        tls,
-                        auth: !self.mqtt.allow_anonymous,
+                Broker::External(e)
+            }
+            None => {
+                let tls = match (
+                    &self.mqtt.tls_listen,
+                    &self.mqtt.tls_cert,
+                    &self.mqtt.tls_key,
+                ) {
+                    (None, _, _) => None,
+                    (Some(l), Some(cert), Some(key)) => Some(crate::broker::TlsListener {
+                        listen: l
+                            .parse()
+                            .map_err(|e| err("MQTT_TLS_LISTEN", format!("{l:?}: {e}")))?,
+                        cert: cert.clone(),
+                        key: key.clone(),
+                    }),
+                    (Some(_), _, _) => {
+                        return Err(err(
+                            "mqtt.tls_listen",
+                            "needs mqtt.tls_cert and mqtt.tls_key",
+                        ))
                     }
+                };
+                let listen: SocketAddr = self
+                    .mqtt
+                    .listen
+                    .parse()
+                    .map_err(|e| err("MQTT_LISTEN", format!("{:?}: {e}", self.mqtt.listen)))?;
+                // rumqttd binds its listener itself and tells nobody the port it got, so
+                // this process's own workers (and LISTEN_REPORT) would not know it.
+                if listen.port() == 0 {
+                    return Err(err(
+                            "MQTT_LISTEN",
+                            format!("{listen}: port 0 is not supported for the embedded broker (it cannot report the port it gets)"),
+                        ));
                 }
-            };
+                Broker::Embedded {
+                    listen,
+                    config: self.mqtt.broker_config.clone(),
+                    tls,
+                    auth: !self.mqtt.allow_anonymous,
+                }
+            }
+        };
         let redis = if self.redis.cluster_nodes.is_empty() {
             RedisTarget::parse_single(&self.redis.url).map_err(|e| err("REDIS_URL", e))?
         } else {
@@ -551,6 +567,7 @@ impl FileConfig {
             notify: self.notify,
             web: self.web,
             shutdown_grace: self.shutdown_grace,
+            listen_report: o.listen_report.filter(|v| !v.is_empty()).map(PathBuf::from),
         })
     }
 }
@@ -752,6 +769,13 @@ mod tests {
         assert_eq!(
             bad(Overrides {
                 mqtt_listen: Some("nope".into()),
+                ..Default::default()
+            }),
+            "MQTT_LISTEN"
+        );
+        assert_eq!(
+            bad(Overrides {
+                mqtt_listen: Some("127.0.0.1:0".into()),
                 ..Default::default()
             }),
             "MQTT_LISTEN"

@@ -103,10 +103,10 @@ pub async fn serve(
 async fn request_timeout(limit: Duration, req: Request, next: Next) -> Response {
     match tokio::time::timeout(limit, next.run(req)).await {
         Ok(r) => r,
-        Err(_) => (
+        Err(_) => courier_wire::ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(serde_json::json!({ "error": "the request took too long" })),
+            "the request took too long",
         )
-            .into_response(),
+        .into_response(),
     }
 }

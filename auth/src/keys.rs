@@ -72,7 +72,7 @@ impl std::fmt::Debug for PublicKey {
 
 impl PublicKey {
     /// A key from its 32 bytes; `kid` defaults to the RFC 7638 thumbprint.
-    pub fn from_bytes(x: [u8; 32], kid: Option<String>) -> Result<Self, String> {
+    pub(crate) fn from_bytes(x: [u8; 32], kid: Option<String>) -> Result<Self, String> {
         let kid = match kid {
             Some(k) => {
                 if k.is_empty() || k.len() > 128 || k.chars().any(|c| c.is_control()) {
@@ -85,17 +85,13 @@ impl PublicKey {
         Ok(PublicKey { kid, x })
     }
 
-    pub fn kid(&self) -> &str {
+    #[cfg(test)]
+    pub(crate) fn kid(&self) -> &str {
         &self.kid
     }
 
-    /// The RFC 7638 thumbprint (whatever the kid is): the same key always has the same one.
-    pub fn thumbprint(&self) -> String {
-        thumbprint(&self.x)
-    }
-
     /// The key as a JWK (RFC 8037), as served in the JWKS document.
-    pub fn jwk(&self) -> Value {
+    pub(crate) fn jwk(&self) -> Value {
         json!({"kty": "OKP", "crv": "Ed25519", "x": B64.encode(self.x), "kid": self.kid,
                "alg": "EdDSA", "use": "sig"})
     }
@@ -108,7 +104,7 @@ impl PublicKey {
     }
 
     /// Reads a PEM public key, a JWK or a JWKS.
-    pub fn parse_all(text: &str) -> Result<Vec<PublicKey>, String> {
+    pub(crate) fn parse_all(text: &str) -> Result<Vec<PublicKey>, String> {
         let text = text.trim_start();
         if !text.starts_with('{') {
             let p = pem::parse(text).map_err(|e| format!("not a PEM or JWK file ({e})"))?;
@@ -239,10 +235,6 @@ impl SigningKey {
         pem::encode(&pem::Pem::new("PRIVATE KEY", self.pkcs8.clone()))
     }
 
-    pub fn audience(&self) -> Audience {
-        self.aud
-    }
-
     pub fn public(&self) -> &PublicKey {
         &self.public
     }
@@ -317,15 +309,11 @@ impl Verifier {
         })
     }
 
-    pub fn audience(&self) -> Audience {
-        self.aud
-    }
-
     pub fn kids(&self) -> Vec<&str> {
         self.keys.keys().map(String::as_str).collect()
     }
 
-    pub fn keys(&self) -> impl Iterator<Item = &PublicKey> {
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &PublicKey> {
         self.keys.values().map(|(k, _)| k)
     }
 
@@ -378,7 +366,7 @@ pub struct KeySet {
 impl KeySet {
     /// Builds the set; each signing key's public part is also accepted. One key serving two
     /// audiences is refused: a courier's device token would then open the bus.
-    pub fn new(
+    pub(crate) fn new(
         signers: Vec<SigningKey>,
         public: Vec<(Audience, PublicKey)>,
     ) -> Result<Self, KeyError> {
@@ -479,8 +467,9 @@ impl KeySet {
         json!({ "keys": keys })
     }
 
-    /// `courier: kid1 kid2; bus: kid3 (signs)` for the start-up log: ids only.
-    pub fn describe(&self) -> String {
+    /// `courier: kid1 kid2; bus: kid3 (signs)`: ids only.
+    #[cfg(test)]
+    pub(crate) fn describe(&self) -> String {
         Audience::ALL
             .into_iter()
             .filter_map(|aud| {

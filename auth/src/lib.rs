@@ -57,7 +57,7 @@ impl Audience {
     ];
 
     /// The `aud` claim, also the key files' name (`<aud>.key`, `<aud>.pub`).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Audience::Courier => "courier",
             Audience::Viewer => "viewer",
@@ -94,7 +94,7 @@ pub struct Claims {
 }
 
 /// The `iss` of the tokens this project mints (not checked: the key and `aud` decide).
-pub const ISSUER: &str = "courier-pipeline";
+pub(crate) const ISSUER: &str = "courier-pipeline";
 
 impl Claims {
     fn new(aud: Audience, sub: &str, now: u64, ttl_secs: u64) -> Self {

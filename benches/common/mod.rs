@@ -102,11 +102,98 @@ pub fn cpu_seconds_named(comm: &str) -> f64 {
         .sum()
 }
 
+/// A port free a moment ago, for a process that must be told its port before it starts
+/// (rumqttd and Mosquitto cannot report a port 0 they got; a process restarted on its port).
+/// Anything that can bind port 0 itself does ([`ListenReport`] for `courier-pipeline`).
+///
+/// Chosen at random BELOW the kernel's ephemeral range: every outgoing connection (thousands
+/// per test run) and every port-0 listener takes its port from that range, so a port picked
+/// there and released could be taken by one of them before its process binds it (it happened:
+/// rumqttd "not accepting connections", a restarted `run` unable to bind). Below it only
+/// another explicit bind can collide; a port already taken is skipped.
 pub fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    // 12,000 ports under it: above the dev Redis Cluster's bus ports (17100..).
+    let from = low.saturating_sub(12_000).max(1025);
+    for _ in 0..1000 {
+        let port = rand::random_range(from..low.max(from + 1));
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            return l.local_addr().unwrap();
+        }
+    }
+    panic!("no free port in {from}..{low}");
+}
+
+/// Where a `courier-pipeline` process started on port 0 says what it bound: its
+/// `LISTEN_REPORT` file (docs/operating.md), one `name=address` line per listener.
+pub struct ListenReport {
+    path: std::path::PathBuf,
+}
+
+impl ListenReport {
+    /// Asks `cmd` to write its report into a fresh file.
+    pub fn on(cmd: &mut Command) -> ListenReport {
+        let path = std::env::temp_dir().join(format!("listen-{:x}", rand::random::<u64>()));
+        cmd.env("LISTEN_REPORT", &path);
+        ListenReport { path }
+    }
+
+    /// The addresses, once the process has bound all its listeners (it writes the file then);
+    /// panics if it exits first or takes longer than 30 s.
+    pub fn wait(&self, child: &mut Child, what: &str) -> Listeners {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&self.path) {
+                return Listeners::parse(&text);
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("{what} exited ({status}) before it listened");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what} never reported its listeners"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ListenReport {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The listeners a process reported, by name: `metrics`, `http`, `ws`, `broker`, `broker.tls`,
+/// `edge.tcp`, `edge.tls`, `edge.ws`.
+#[derive(Debug, Clone)]
+pub struct Listeners(Vec<(String, SocketAddr)>);
+
+impl Listeners {
+    pub fn parse(text: &str) -> Listeners {
+        Listeners(
+            text.lines()
+                .filter_map(|l| {
+                    let (name, addr) = l.split_once('=')?;
+                    Some((name.to_string(), addr.parse().ok()?))
+                })
+                .collect(),
+        )
+    }
+
+    /// The (first) listener called `name`; panics naming what was reported when there is none.
+    pub fn get(&self, name: &str) -> SocketAddr {
+        self.find(name)
+            .unwrap_or_else(|| panic!("no {name} listener reported: {:?}", self.0))
+    }
+
+    /// The (first) listener called `name`, if the process has one.
+    pub fn find(&self, name: &str) -> Option<SocketAddr> {
+        self.0.iter().find(|(n, _)| n == name).map(|(_, a)| *a)
+    }
 }
 
 /// A process this benchmark started, stopped by its PID when dropped.

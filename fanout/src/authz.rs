@@ -1,6 +1,6 @@
 //! Who may watch what, with no I/O: the CONNECT token and the SUBSCRIBE filters.
 
-use crate::events::Refusal;
+use crate::events::ViewerRefusal;
 use courier_auth::{TokenError, Verifier};
 
 /// What a valid tracking token grants: one order, until `exp`.
@@ -19,16 +19,16 @@ pub(crate) fn check_token(
     keys: &Verifier,
     password: Option<&str>,
     now: u64,
-) -> Result<Grant, Refusal> {
+) -> Result<Grant, ViewerRefusal> {
     let token = password
         .filter(|p| !p.is_empty())
-        .ok_or(Refusal::BadToken)?;
+        .ok_or(ViewerRefusal::BadToken)?;
     let claims = keys.verify(token, now).map_err(|e| match e {
-        TokenError::Expired => Refusal::ExpiredToken,
+        TokenError::Expired => ViewerRefusal::ExpiredToken,
         TokenError::Malformed
         | TokenError::UnknownKey
         | TokenError::BadSignature
-        | TokenError::WrongAudience => Refusal::BadToken,
+        | TokenError::WrongAudience => ViewerRefusal::BadToken,
     })?;
     match claims.order {
         Some(order) if courier_wire::topic::valid_id(&order) => Ok(Grant {
@@ -36,7 +36,7 @@ pub(crate) fn check_token(
             viewer: claims.sub,
             exp: claims.exp,
         }),
-        _ => Err(Refusal::BadToken),
+        _ => Err(ViewerRefusal::BadToken),
     }
 }
 
@@ -91,31 +91,34 @@ mod tests {
     #[test]
     fn bad_tokens_are_refused_with_their_reason() {
         let r = ring();
-        assert_eq!(check_token(&r, None, 150), Err(Refusal::BadToken));
-        assert_eq!(check_token(&r, Some(""), 150), Err(Refusal::BadToken));
+        assert_eq!(check_token(&r, None, 150), Err(ViewerRefusal::BadToken));
+        assert_eq!(check_token(&r, Some(""), 150), Err(ViewerRefusal::BadToken));
         assert_eq!(
             check_token(&r, Some("e30.e30.e30"), 150),
-            Err(Refusal::BadToken)
+            Err(ViewerRefusal::BadToken)
         );
         assert_eq!(
             check_token(&r, Some(&token(Audience::Viewer, Some("o1"), 200)), 200),
-            Err(Refusal::ExpiredToken)
+            Err(ViewerRefusal::ExpiredToken)
         );
         assert_eq!(
             check_token(&r, Some(&token(Audience::Trail, Some("o1"), 200)), 150),
-            Err(Refusal::BadToken)
+            Err(ViewerRefusal::BadToken)
         );
         assert_eq!(
             check_token(&r, Some(&token(Audience::Viewer, None, 200)), 150),
-            Err(Refusal::BadToken)
+            Err(ViewerRefusal::BadToken)
         );
         assert_eq!(
             check_token(&r, Some(&token(Audience::Viewer, Some("o/#"), 200)), 150),
-            Err(Refusal::BadToken)
+            Err(ViewerRefusal::BadToken)
         );
         let forger = SigningKey::generate(Audience::Viewer).unwrap();
         let forged = forger.sign(&Claims::viewer("x", "o1", 1, 999));
-        assert_eq!(check_token(&r, Some(&forged), 150), Err(Refusal::BadToken));
+        assert_eq!(
+            check_token(&r, Some(&forged), 150),
+            Err(ViewerRefusal::BadToken)
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Why a viewer (or one of its requests) was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum ViewerRefusal {
     /// Token missing, malformed, unknown key, bad signature, or not a `track` token.
     BadToken,
     /// Token expired (at CONNECT, or while connected).
@@ -33,33 +33,33 @@ pub enum Refusal {
     TokenSessions,
 }
 
-impl Refusal {
-    pub(crate) const ALL: [Refusal; 10] = [
-        Refusal::BadToken,
-        Refusal::ExpiredToken,
-        Refusal::OrderEnded,
-        Refusal::Filter,
-        Refusal::Publish,
-        Refusal::Protocol,
-        Refusal::Timeout,
-        Refusal::MaxViewers,
-        Refusal::Unavailable,
-        Refusal::TokenSessions,
+impl ViewerRefusal {
+    pub(crate) const ALL: [ViewerRefusal; 10] = [
+        ViewerRefusal::BadToken,
+        ViewerRefusal::ExpiredToken,
+        ViewerRefusal::OrderEnded,
+        ViewerRefusal::Filter,
+        ViewerRefusal::Publish,
+        ViewerRefusal::Protocol,
+        ViewerRefusal::Timeout,
+        ViewerRefusal::MaxViewers,
+        ViewerRefusal::Unavailable,
+        ViewerRefusal::TokenSessions,
     ];
 
     /// The `reason` label.
     pub(crate) fn reason(self) -> &'static str {
         match self {
-            Refusal::BadToken => "bad_token",
-            Refusal::ExpiredToken => "expired_token",
-            Refusal::OrderEnded => "order_ended",
-            Refusal::Filter => "filter",
-            Refusal::Publish => "publish",
-            Refusal::Protocol => "protocol",
-            Refusal::Timeout => "timeout",
-            Refusal::MaxViewers => "max_viewers",
-            Refusal::Unavailable => "unavailable",
-            Refusal::TokenSessions => "token_sessions",
+            ViewerRefusal::BadToken => "bad_token",
+            ViewerRefusal::ExpiredToken => "expired_token",
+            ViewerRefusal::OrderEnded => "order_ended",
+            ViewerRefusal::Filter => "filter",
+            ViewerRefusal::Publish => "publish",
+            ViewerRefusal::Protocol => "protocol",
+            ViewerRefusal::Timeout => "timeout",
+            ViewerRefusal::MaxViewers => "max_viewers",
+            ViewerRefusal::Unavailable => "unavailable",
+            ViewerRefusal::TokenSessions => "token_sessions",
         }
     }
 
@@ -75,7 +75,7 @@ pub struct Stats {
     pub viewers: AtomicU64,
     /// Viewers with an accepted subscription to their order.
     pub subscribed: AtomicU64,
-    pub refusals: [AtomicU64; Refusal::ALL.len()],
+    pub refusals: [AtomicU64; ViewerRefusal::ALL.len()],
     pub points_sent: AtomicU64,
     pub dropped_queue_full: AtomicU64,
     pub dropped_interval: AtomicU64,
@@ -90,7 +90,7 @@ pub struct Stats {
 }
 
 impl Stats {
-    pub fn refused(&self, r: Refusal) -> u64 {
+    pub fn refused(&self, r: ViewerRefusal) -> u64 {
         self.refusals[r.index()].load(Relaxed)
     }
 }
@@ -117,7 +117,7 @@ impl Metrics {
     pub(crate) fn new() -> Self {
         Metrics {
             viewers: gauge!(m::FANOUT_VIEWERS_CONNECTED),
-            refusals: Refusal::ALL
+            refusals: ViewerRefusal::ALL
                 .iter()
                 .map(|r| counter!(m::FANOUT_REFUSALS, "reason" => r.reason()))
                 .collect(),
@@ -128,7 +128,7 @@ impl Metrics {
         }
     }
 
-    pub(crate) fn refused(&self, stats: &Stats, r: Refusal) {
+    pub(crate) fn refused(&self, stats: &Stats, r: ViewerRefusal) {
         self.refusals[r.index()].increment(1);
         stats.refusals[r.index()].fetch_add(1, Relaxed);
     }

@@ -5,7 +5,7 @@
 
 use crate::config::FanoutConfig;
 use crate::error::FanoutError;
-use crate::events::Refusal;
+use crate::events::ViewerRefusal;
 use crate::events::{Metrics, Stats};
 use crate::hub::Hub;
 use crate::session;
@@ -109,11 +109,11 @@ impl edge::Policy for Gateway {
 
     fn refused_at_door(&self, why: DoorRefusal) {
         let r = match why {
-            DoorRefusal::Full => Refusal::MaxViewers,
+            DoorRefusal::Full => ViewerRefusal::MaxViewers,
             DoorRefusal::Handshake {
                 timed_out: true, ..
-            } => Refusal::Timeout,
-            DoorRefusal::Handshake { .. } => Refusal::Protocol,
+            } => ViewerRefusal::Timeout,
+            DoorRefusal::Handshake { .. } => ViewerRefusal::Protocol,
         };
         self.metrics.refused(&self.stats, r);
     }

@@ -29,7 +29,7 @@ pub use config::FanoutConfig;
 pub use edge::codec;
 pub use edge::transport::{PATH, SUBPROTOCOL};
 pub use error::FanoutError;
-pub use events::{Refusal, Stats};
+pub use events::{Stats, ViewerRefusal};
 
 use courier_auth::{SigningKey, Verifier};
 use courier_wire::{Keys, MqttEndpoint, RedisConn, RedisOptions, RedisTarget};

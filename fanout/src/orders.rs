@@ -29,9 +29,10 @@ use bytes::Bytes;
 use courier_auth::{Claims, SigningKey};
 use courier_wire::events::with_emit;
 use courier_wire::topic::valid_id;
-use courier_wire::Keys;
+use courier_wire::{ApiError, Keys};
 use redis::Script;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,36 +112,28 @@ pub(crate) fn router(api: Arc<OrdersApi>) -> Router {
         .with_state(api)
 }
 
-/// A JSON error answer: `{"error": "..."}`.
+/// A refused call: the answer every API gives ([`ApiError`]) and the `result` label it is
+/// counted under.
 #[derive(Debug)]
-pub(crate) struct ApiError {
-    status: StatusCode,
-    message: String,
+pub(crate) struct Refused {
+    answer: ApiError,
     result: &'static str,
 }
 
-fn fail(status: StatusCode, result: &'static str, message: impl Into<String>) -> ApiError {
-    ApiError {
-        status,
-        message: message.into(),
+fn fail(status: StatusCode, result: &'static str, message: impl Into<String>) -> Refused {
+    Refused {
+        answer: ApiError::new(status, message),
         result,
     }
 }
 
-impl IntoResponse for ApiError {
+impl IntoResponse for Refused {
     fn into_response(self) -> Response {
-        let mut r = (self.status, Json(json!({ "error": self.message }))).into_response();
-        if self.status == StatusCode::UNAUTHORIZED {
-            r.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static("Bearer"),
-            );
-        }
-        r
+        self.answer.into_response()
     }
 }
 
-fn redis_failed(e: redis::RedisError) -> ApiError {
+fn redis_failed(e: redis::RedisError) -> Refused {
     tracing::warn!(error = %e, "orders API: redis call failed");
     fail(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -149,7 +142,7 @@ fn redis_failed(e: redis::RedisError) -> ApiError {
     )
 }
 
-fn check_service(api: &OrdersApi, headers: &HeaderMap) -> Result<(), ApiError> {
+fn check_service(api: &OrdersApi, headers: &HeaderMap) -> Result<(), Refused> {
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -164,7 +157,7 @@ fn check_service(api: &OrdersApi, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-fn check_order(order: &str) -> Result<(), ApiError> {
+fn check_order(order: &str) -> Result<(), Refused> {
     if valid_id(order) {
         Ok(())
     } else {
@@ -176,9 +169,11 @@ fn check_order(order: &str) -> Result<(), ApiError> {
     }
 }
 
-fn json_object(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> {
+/// The body as a JSON object. Read by hand, not with axum's `Json` extractor, which would
+/// refuse a body without `Content-Type: application/json` (415) that clients have always sent.
+fn json_object(body: &[u8]) -> Result<Value, Refused> {
     match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(m)) => Ok(m),
+        Ok(v @ Value::Object(_)) => Ok(v),
         _ => Err(fail(
             StatusCode::BAD_REQUEST,
             "bad_request",
@@ -187,30 +182,81 @@ fn json_object(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> 
     }
 }
 
-fn field<'a>(m: &'a serde_json::Map<String, Value>, name: &str) -> Result<&'a str, ApiError> {
-    m.get(name).and_then(Value::as_str).ok_or_else(|| {
+/// The body as the request `T`. Through the parsed object: a key given twice counts once
+/// (the last), as it always has; serde's derive would refuse it.
+fn request<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<(Value, T), Refused> {
+    let object = json_object(body)?;
+    let req = T::deserialize(&object).map_err(|_| {
         fail(
             StatusCode::BAD_REQUEST,
             "bad_request",
-            format!("missing string field {name:?}"),
+            "the body must be a JSON object",
         )
-    })
+    })?;
+    Ok((object, req))
 }
 
-/// An optional place field: `{"lat": .., "lon": ..}` within range (not 0,0).
-fn place(m: &serde_json::Map<String, Value>, name: &str) -> Result<Option<(f64, f64)>, ApiError> {
-    let Some(v) = m.get(name) else {
-        return Ok(None);
-    };
-    let lat = v.get("lat").and_then(Value::as_f64);
-    let lon = v.get("lon").and_then(Value::as_f64);
-    match (lat, lon) {
-        (Some(lat), Some(lon))
-            if (-90.0..=90.0).contains(&lat)
-                && (-180.0..=180.0).contains(&lon)
-                && (lat, lon) != (0.0, 0.0) =>
+/// A request field as sent: absent, of its type, or anything else (`null` included), so that
+/// each refusal names its field as the API always has. Unknown fields are ignored (and still
+/// part of an event's fingerprint).
+#[derive(Debug, Default, Deserialize)]
+#[serde(untagged)]
+enum Sent<T> {
+    #[default]
+    #[serde(skip_deserializing)]
+    Absent,
+    Given(T),
+    Other(serde::de::IgnoredAny),
+}
+
+impl Sent<String> {
+    /// The string, or a refusal naming the field.
+    fn required(&self, name: &str) -> Result<&str, Refused> {
+        match self {
+            Sent::Given(v) => Ok(v),
+            _ => Err(fail(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("missing string field {name:?}"),
+            )),
+        }
+    }
+}
+
+/// `{"lat": .., "lon": ..}`, other keys ignored.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    lat: f64,
+    lon: f64,
+}
+
+impl<'de> Deserialize<'de> for Place {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct LatLon {
+            lat: f64,
+            lon: f64,
+        }
+        // An object only: a derived struct would also take `[lat, lon]`.
+        let m = serde_json::Map::<String, Value>::deserialize(d)?;
+        let p = LatLon::deserialize(Value::Object(m)).map_err(serde::de::Error::custom)?;
+        Ok(Place {
+            lat: p.lat,
+            lon: p.lon,
+        })
+    }
+}
+
+/// An optional place field within range (not 0,0).
+fn place(sent: &Sent<Place>, name: &str) -> Result<Option<(f64, f64)>, Refused> {
+    match sent {
+        Sent::Absent => Ok(None),
+        Sent::Given(Place { lat, lon })
+            if (-90.0..=90.0).contains(lat)
+                && (-180.0..=180.0).contains(lon)
+                && (*lat, *lon) != (0.0, 0.0) =>
         {
-            Ok(Some((lat, lon)))
+            Ok(Some((*lat, *lon)))
         }
         _ => Err(fail(
             StatusCode::BAD_REQUEST,
@@ -220,8 +266,65 @@ fn place(m: &serde_json::Map<String, Value>, name: &str) -> Result<Option<(f64, 
     }
 }
 
+/// `POST /orders/{order}/assign`.
+#[derive(Debug, Deserialize)]
+struct AssignRequest {
+    #[serde(default)]
+    courier_id: Sent<String>,
+    #[serde(default)]
+    tenant: Sent<String>,
+    #[serde(default)]
+    pickup: Sent<Place>,
+    #[serde(default)]
+    dropoff: Sent<Place>,
+}
+
+/// Its answer. Fields in alphabetical order: the order `json!` wrote them in (serde_json's map
+/// is sorted), so the bytes stay what clients have seen.
+#[derive(Debug, Serialize)]
+struct Assigned<'a> {
+    courier_id: &'a str,
+    order: &'a str,
+}
+
+/// `POST /orders/{order}/tracking-token`.
+#[derive(Debug, Deserialize)]
+struct TokenRequest {
+    #[serde(default)]
+    viewer: Sent<String>,
+}
+
+/// Its answer, fields in alphabetical order (see [`Assigned`]).
+#[derive(Debug, Serialize)]
+struct TrackingToken<'a> {
+    expires_at: u64,
+    subprotocol: &'a str,
+    token: &'a str,
+    topic: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tracking_url: Option<String>,
+    viewer: &'a str,
+    ws_url: &'a str,
+}
+
+/// `POST /orders/{order}/events`.
+#[derive(Debug, Deserialize)]
+struct EventRequest {
+    #[serde(default)]
+    event: Sent<String>,
+}
+
+/// Its answer (also the record a replay returns), fields in alphabetical order (see
+/// [`Assigned`]).
+#[derive(Debug, Serialize)]
+struct EventDone<'a> {
+    at: f64,
+    event: &'a str,
+    order: &'a str,
+}
+
 /// Runs a handler body and counts its outcome under `event`.
-fn counted(event: &'static str, r: Result<Response, ApiError>) -> Response {
+fn counted(event: &'static str, r: Result<Response, Refused>) -> Response {
     match r {
         Ok(resp) => {
             let result = if resp.headers().contains_key("idempotent-replayed") {
@@ -253,11 +356,11 @@ async fn assign_inner(
     order: &str,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<Response, ApiError> {
+) -> Result<Response, Refused> {
     check_service(api, headers)?;
     check_order(order)?;
-    let m = json_object(body)?;
-    let courier = field(&m, "courier_id")?;
+    let (_, req) = request::<AssignRequest>(body)?;
+    let courier = req.courier_id.required("courier_id")?;
     if !valid_id(courier) {
         return Err(fail(
             StatusCode::BAD_REQUEST,
@@ -265,10 +368,10 @@ async fn assign_inner(
             "courier ids are 1-64 of [A-Za-z0-9._:-]",
         ));
     }
-    let tenant = match m.get("tenant") {
-        None => "default",
-        Some(Value::String(t)) if valid_id(t) => t.as_str(),
-        Some(_) => {
+    let tenant = match &req.tenant {
+        Sent::Absent => "default",
+        Sent::Given(t) if valid_id(t) => t.as_str(),
+        _ => {
             return Err(fail(
                 StatusCode::BAD_REQUEST,
                 "bad_request",
@@ -276,8 +379,8 @@ async fn assign_inner(
             ))
         }
     };
-    let pickup = place(&m, "pickup")?;
-    let dropoff = place(&m, "dropoff")?;
+    let pickup = place(&req.pickup, "pickup")?;
+    let dropoff = place(&req.dropoff, "dropoff")?;
     let places = courier_wire::events::Places::new(pickup, dropoff).encode();
     let mut conn = api.redis.clone();
     let outcome: String = api
@@ -316,7 +419,11 @@ async fn assign_inner(
             ),
         ));
     }
-    Ok(Json(json!({ "order": order, "courier_id": courier })).into_response())
+    Ok(Json(Assigned {
+        courier_id: courier,
+        order,
+    })
+    .into_response())
 }
 
 async fn tracking_token(
@@ -336,11 +443,11 @@ async fn token_inner(
     order: &str,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<Response, ApiError> {
+) -> Result<Response, Refused> {
     check_service(api, headers)?;
     check_order(order)?;
-    let m = json_object(body)?;
-    let viewer = field(&m, "viewer")?;
+    let (_, req) = request::<TokenRequest>(body)?;
+    let viewer = req.viewer.required("viewer")?;
     if !matches!(viewer, "customer" | "restaurant") {
         return Err(fail(
             StatusCode::BAD_REQUEST,
@@ -365,19 +472,20 @@ async fn token_inner(
     let now = courier_wire::clock::unix_now() as u64;
     let claims = Claims::viewer(viewer, order, now, api.token_ttl.as_secs());
     let token = api.signer.sign(&claims);
-    let mut answer = json!({
-        "token": token,
-        "expires_at": claims.exp,
-        "topic": courier_wire::track_topic(order),
-        "ws_url": api.ws_url,
-        "subprotocol": crate::SUBPROTOCOL,
-        "viewer": viewer,
-    });
-    // Order ids and tokens are URL-safe as they are (valid_id; base64url JWT).
-    if let Some(base) = &api.tracking_page_url {
-        answer["tracking_url"] = json!(format!("{base}/track/{order}?token={token}"));
-    }
-    Ok(Json(answer).into_response())
+    Ok(Json(TrackingToken {
+        expires_at: claims.exp,
+        subprotocol: crate::SUBPROTOCOL,
+        token: &token,
+        topic: courier_wire::track_topic(order),
+        // Order ids and tokens are URL-safe as they are (valid_id; base64url JWT).
+        tracking_url: api
+            .tracking_page_url
+            .as_ref()
+            .map(|base| format!("{base}/track/{order}?token={token}")),
+        viewer,
+        ws_url: &api.ws_url,
+    })
+    .into_response())
 }
 
 async fn event(
@@ -386,14 +494,11 @@ async fn event(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let kind = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|v| match v.get("event").and_then(Value::as_str) {
-            Some("picked_up") => Some("picked_up"),
-            Some("delivered") => Some("delivered"),
-            _ => None,
-        })
-        .unwrap_or("unknown");
+    let kind = match request::<EventRequest>(&body).map(|(_, r)| r.event) {
+        Ok(Sent::Given(e)) if e == "picked_up" => "picked_up",
+        Ok(Sent::Given(e)) if e == "delivered" => "delivered",
+        _ => "unknown",
+    };
     counted(kind, event_inner(&api, &order, &headers, &body).await)
 }
 
@@ -406,7 +511,7 @@ fn idempotency_record(prefix: &str, order: &str, key: &str) -> String {
     format!("{prefix}{}:{order}:{key}", order.len())
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<&str, ApiError> {
+fn idempotency_key(headers: &HeaderMap) -> Result<&str, Refused> {
     let k = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
@@ -432,12 +537,12 @@ async fn event_inner(
     order: &str,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<Response, ApiError> {
+) -> Result<Response, Refused> {
     check_service(api, headers)?;
     check_order(order)?;
     let key = idempotency_key(headers)?;
-    let m = json_object(body)?;
-    let event = field(&m, "event")?;
+    let (object, req) = request::<EventRequest>(body)?;
+    let event = req.event.required("event")?;
     if !matches!(event, "picked_up" | "delivered") {
         return Err(fail(
             StatusCode::BAD_REQUEST,
@@ -445,11 +550,16 @@ async fn event_inner(
             "event must be \"picked_up\" or \"delivered\"",
         ));
     }
-    // serde_json's map is ordered by key: the same content gives the same fingerprint
-    // whatever its spacing or field order.
-    let fingerprint = serde_json::to_string(&m).expect("a JSON object serializes");
+    // The whole body, unknown fields included: serde_json's map is ordered by key, so the same
+    // content gives the same fingerprint whatever its spacing or field order.
+    let fingerprint = serde_json::to_string(&object).expect("a JSON object serializes");
     let now = courier_wire::clock::unix_now();
-    let answer = json!({ "order": order, "event": event, "at": now }).to_string();
+    let answer = serde_json::to_string(&EventDone {
+        at: now,
+        event,
+        order,
+    })
+    .expect("an answer serializes");
     let mut conn = api.redis.clone();
     let (outcome, record): (String, String) = api
         .event
@@ -546,12 +656,102 @@ mod tests {
         assert_eq!(idempotency_key(&h).unwrap(), "evt-1:abc");
     }
 
+    fn message(r: Refused) -> String {
+        r.answer.message
+    }
+
     #[test]
     fn bodies_must_be_objects_with_string_fields() {
         assert!(json_object(b"[1]").is_err());
         assert!(json_object(b"nope").is_err());
-        let m = json_object(br#"{"event":"delivered","n":1}"#).unwrap();
-        assert_eq!(field(&m, "event").unwrap(), "delivered");
-        assert!(field(&m, "n").is_err());
+        let (_, r) = request::<EventRequest>(br#"{"event":"delivered","n":1}"#).unwrap();
+        assert_eq!(r.event.required("event").unwrap(), "delivered");
+        // Not a string, null, or absent: one refusal naming the field.
+        for body in [r#"{"event":5}"#, r#"{"event":null}"#, r#"{"n":1}"#] {
+            let (_, r) = request::<EventRequest>(body.as_bytes()).unwrap();
+            assert_eq!(
+                message(r.event.required("event").unwrap_err()),
+                "missing string field \"event\"",
+                "{body}"
+            );
+        }
+        // A key given twice: the last counts, as with the parsed object before.
+        let (_, r) = request::<EventRequest>(br#"{"event":"x","event":"delivered"}"#).unwrap();
+        assert_eq!(r.event.required("event").unwrap(), "delivered");
+    }
+
+    #[test]
+    fn tenants_and_places_are_absent_given_or_refused() {
+        let (_, r) = request::<AssignRequest>(
+            br#"{"courier_id":"c1","pickup":{"lat":24.7,"lon":46,"name":"x"}}"#,
+        )
+        .unwrap();
+        assert!(matches!(r.tenant, Sent::Absent));
+        assert_eq!(place(&r.pickup, "pickup").unwrap(), Some((24.7, 46.0)));
+        assert_eq!(place(&r.dropoff, "dropoff").unwrap(), None);
+        // A null tenant is not an absent one.
+        let (_, r) = request::<AssignRequest>(br#"{"courier_id":"c1","tenant":null}"#).unwrap();
+        assert!(matches!(r.tenant, Sent::Other(_)));
+        for bad in [
+            r#"[24.7, 46.7]"#,
+            r#"{"lat":24.7}"#,
+            r#"{"lat":"24.7","lon":46.7}"#,
+            r#"{"lat":0,"lon":0}"#,
+            r#"{"lat":91,"lon":46.7}"#,
+            r#"null"#,
+        ] {
+            let body = format!(r#"{{"courier_id":"c1","dropoff":{bad}}}"#);
+            let (_, r) = request::<AssignRequest>(body.as_bytes()).unwrap();
+            assert_eq!(
+                message(place(&r.dropoff, "dropoff").unwrap_err()),
+                r#"dropoff must be {"lat": -90..90, "lon": -180..180}"#,
+                "{bad}"
+            );
+        }
+    }
+
+    /// The typed answers write the bytes `json!` wrote before them.
+    #[test]
+    fn answers_keep_their_bytes() {
+        fn s<T: Serialize>(v: &T) -> String {
+            serde_json::to_string(v).unwrap()
+        }
+        assert_eq!(
+            s(&Assigned {
+                courier_id: "c1",
+                order: "o1"
+            }),
+            serde_json::json!({ "order": "o1", "courier_id": "c1" }).to_string()
+        );
+        let mut old = serde_json::json!({
+            "token": "t.k.n",
+            "expires_at": 1_796_025_600u64,
+            "topic": "track/o1",
+            "ws_url": "ws://127.0.0.1:8083/mqtt",
+            "subprotocol": crate::SUBPROTOCOL,
+            "viewer": "customer",
+        });
+        let mut new = TrackingToken {
+            expires_at: 1_796_025_600,
+            subprotocol: crate::SUBPROTOCOL,
+            token: "t.k.n",
+            topic: "track/o1".into(),
+            tracking_url: None,
+            viewer: "customer",
+            ws_url: "ws://127.0.0.1:8083/mqtt",
+        };
+        assert_eq!(s(&new), old.to_string());
+        old["tracking_url"] = serde_json::json!("http://x/track/o1?token=t.k.n");
+        new.tracking_url = Some("http://x/track/o1?token=t.k.n".into());
+        assert_eq!(s(&new), old.to_string());
+        assert_eq!(
+            s(&EventDone {
+                at: 1_796_025_600.25,
+                event: "delivered",
+                order: "o1"
+            }),
+            serde_json::json!({ "order": "o1", "event": "delivered", "at": 1_796_025_600.25 })
+                .to_string()
+        );
     }
 }

@@ -6,7 +6,7 @@
 
 use crate::authz::{self, Grant};
 use crate::codec::{self, CloseReason, ConnectOutcome, Inbound, Version};
-use crate::events::Refusal;
+use crate::events::ViewerRefusal;
 use crate::gateway::Gateway;
 use crate::hub::Viewer;
 use crate::queue::Pacer;
@@ -45,8 +45,8 @@ pub(crate) async fn run<T: Transport>(
             ..
         }))) => (version, keep_alive, password),
         Ok(Ok(None)) => return,
-        Ok(_) => return gw.metrics.refused(&gw.stats, Refusal::Protocol),
-        Err(_) => return gw.metrics.refused(&gw.stats, Refusal::Timeout),
+        Ok(_) => return gw.metrics.refused(&gw.stats, ViewerRefusal::Protocol),
+        Err(_) => return gw.metrics.refused(&gw.stats, ViewerRefusal::Timeout),
     };
     if !has_room {
         return refuse(
@@ -54,7 +54,7 @@ pub(crate) async fn run<T: Transport>(
             &mut ws,
             version,
             ConnectOutcome::Busy,
-            Refusal::MaxViewers,
+            ViewerRefusal::MaxViewers,
         )
         .await;
     }
@@ -68,7 +68,7 @@ pub(crate) async fn run<T: Transport>(
             &mut ws,
             version,
             ConnectOutcome::Busy,
-            Refusal::TokenSessions,
+            ViewerRefusal::TokenSessions,
         )
         .await;
     };
@@ -90,7 +90,7 @@ pub(crate) async fn run<T: Transport>(
                 &mut ws,
                 version,
                 ConnectOutcome::NotAuthorized,
-                Refusal::OrderEnded,
+                ViewerRefusal::OrderEnded,
             )
             .await
         }
@@ -101,7 +101,7 @@ pub(crate) async fn run<T: Transport>(
                 &mut ws,
                 version,
                 ConnectOutcome::Busy,
-                Refusal::Unavailable,
+                ViewerRefusal::Unavailable,
             )
             .await;
         }
@@ -112,7 +112,7 @@ pub(crate) async fn run<T: Transport>(
                 &mut ws,
                 version,
                 ConnectOutcome::Busy,
-                Refusal::Unavailable,
+                ViewerRefusal::Unavailable,
             )
             .await;
         }
@@ -129,7 +129,7 @@ pub(crate) async fn run<T: Transport>(
                 &mut ws,
                 version,
                 ConnectOutcome::NotAuthorized,
-                Refusal::OrderEnded,
+                ViewerRefusal::OrderEnded,
             )
             .await
         }
@@ -177,7 +177,7 @@ async fn refuse<T: Transport>(
     ws: &mut T,
     version: Version,
     outcome: ConnectOutcome,
-    why: Refusal,
+    why: ViewerRefusal,
 ) {
     gw.metrics.refused(&gw.stats, why);
     let ack = codec::connack(version, outcome);
@@ -257,11 +257,11 @@ impl<T: Transport> Session<'_, T> {
                 _ = self.viewer.ended.cancelled() => Err(Cut::End(CloseReason::NotAuthorized)),
                 _ = shutdown.cancelled() => Err(Cut::End(CloseReason::ServerShuttingDown)),
                 _ = sleep_until(self.expires) => {
-                    self.gw.metrics.refused(&self.gw.stats, Refusal::ExpiredToken);
+                    self.gw.metrics.refused(&self.gw.stats, ViewerRefusal::ExpiredToken);
                     Err(Cut::End(CloseReason::TokenExpired))
                 }
                 _ = sleep_until(ka_deadline.unwrap_or(self.expires)), if ka_deadline.is_some() => {
-                    self.gw.metrics.refused(&self.gw.stats, Refusal::Timeout);
+                    self.gw.metrics.refused(&self.gw.stats, ViewerRefusal::Timeout);
                     Err(Cut::End(CloseReason::KeepAliveTimeout))
                 }
                 _ = sleep_until(pace_wait.unwrap_or(self.expires)), if pace_wait.is_some() => {
@@ -275,7 +275,7 @@ impl<T: Transport> Session<'_, T> {
                         Ok(0) => Err(Cut::Gone),
                         Ok(_) => self.handle_packets(shutdown).await,
                         Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-                            self.gw.metrics.refused(&self.gw.stats, Refusal::Protocol);
+                            self.gw.metrics.refused(&self.gw.stats, ViewerRefusal::Protocol);
                             Err(Cut::End(CloseReason::ProtocolError))
                         }
                         Err(_) => Err(Cut::Gone),
@@ -347,7 +347,9 @@ impl<T: Transport> Session<'_, T> {
                 Ok(Some(p)) => p,
                 Ok(None) => return Ok(()),
                 Err(_) => {
-                    self.gw.metrics.refused(&self.gw.stats, Refusal::Protocol);
+                    self.gw
+                        .metrics
+                        .refused(&self.gw.stats, ViewerRefusal::Protocol);
                     return Err(Cut::End(CloseReason::ProtocolError));
                 }
             };
@@ -359,7 +361,9 @@ impl<T: Transport> Session<'_, T> {
                         .map(|f| authz::filter_allowed(&order, f))
                         .collect();
                     for _ in granted.iter().filter(|g| !**g) {
-                        self.gw.metrics.refused(&self.gw.stats, Refusal::Filter);
+                        self.gw
+                            .metrics
+                            .refused(&self.gw.stats, ViewerRefusal::Filter);
                     }
                     let ack = codec::suback(self.version, pkid, &granted);
                     self.write([ack], shutdown).await?;
@@ -391,11 +395,15 @@ impl<T: Transport> Session<'_, T> {
                 }
                 Inbound::Disconnect { .. } => return Err(Cut::Gone),
                 Inbound::Publish(_) => {
-                    self.gw.metrics.refused(&self.gw.stats, Refusal::Publish);
+                    self.gw
+                        .metrics
+                        .refused(&self.gw.stats, ViewerRefusal::Publish);
                     return Err(Cut::End(CloseReason::NotAuthorized));
                 }
                 Inbound::Connect { .. } | Inbound::Unexpected => {
-                    self.gw.metrics.refused(&self.gw.stats, Refusal::Protocol);
+                    self.gw
+                        .metrics
+                        .refused(&self.gw.stats, ViewerRefusal::Protocol);
                     return Err(Cut::End(CloseReason::ProtocolError));
                 }
             }

@@ -9,7 +9,7 @@
 //! - The answer: `{"from", "to", "cells": [{"hour", "cell", "couriers", "points", "segments",
 //!   "median_speed_mps", "p90_speed_mps"}]}`, by hour then cell.
 
-use crate::trail::{bearer, parse_time, refused_token, rfc3339, Refusal};
+use crate::trail::{bearer, parse_time, refused_token, result_label, rfc3339};
 use crate::Clock;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -19,6 +19,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use courier_auth::Verifier;
 use courier_wire::metrics as m;
+use courier_wire::ApiError;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -71,7 +72,7 @@ async fn get_aggregates(
     let result = answer(&api, query, &headers).await;
     let label = match &result {
         Ok(_) => "ok",
-        Err(r) => r.result(),
+        Err(r) => result_label(r),
     };
     metrics::counter!(m::AGGREGATE_REQUESTS, "result" => label).increment(1);
     match result {
@@ -84,19 +85,19 @@ async fn answer(
     api: &AggregateApi,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
     headers: &HeaderMap,
-) -> Result<Response, Refusal> {
+) -> Result<Response, ApiError> {
     bearer(headers, &api.inner.keys, (api.inner.clock)())
         .map_err(|r| refused_token("aggregates", r))?;
-    let Query(q) = query.map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let Query(q) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     let from = parse_time("from", q.get("from"))?;
     let to = parse_time("to", q.get("to"))?;
     let window = to
         .duration_since(from)
         .ok()
         .filter(|d| !d.is_zero())
-        .ok_or_else(|| Refusal::new(StatusCode::BAD_REQUEST, "`to` must be after `from`"))?;
+        .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "`to` must be after `from`"))?;
     if window > MAX_WINDOW {
-        return Err(Refusal::new(
+        return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "the window is longer than the maximum of 31 days",
         ));
@@ -107,20 +108,20 @@ async fn answer(
             .bytes()
             .all(|b| b"0123456789bcdefghjkmnpqrstuvwxyz".contains(&b))
     {
-        return Err(Refusal::new(
+        return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "`cell` must be a geohash prefix of at most 6 characters",
         ));
     }
     let rows = read(api, from, to, cell).await.map_err(|e| {
         tracing::error!(error = %e, "aggregate read failed");
-        Refusal::new(
+        ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "the history database is unavailable",
         )
     })?;
     if rows.len() > MAX_ROWS {
-        return Err(Refusal::new(
+        return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("more than {MAX_ROWS} rows: ask for a shorter window or a cell"),
         ));

@@ -18,7 +18,7 @@
 //! accountability). Stop his device token first (docs/privacy.md).
 
 use crate::error::HistoryError;
-use crate::trail::{bearer, check_reason, refused_token, Refusal};
+use crate::trail::{bearer, check_reason, refused_token, result_label};
 use crate::Clock;
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, State};
@@ -28,6 +28,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use courier_auth::Verifier;
 use courier_wire::metrics as m;
+use courier_wire::ApiError;
 use courier_wire::{Keys, RedisConn, RedisOptions, RedisTarget};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -189,7 +190,7 @@ async fn post_erasure(
     let result = answer(&e, path, &headers, body).await;
     let label = match &result {
         Ok(_) => "ok",
-        Err(r) => r.result(),
+        Err(r) => result_label(r),
     };
     metrics::counter!(m::ERASURE_REQUESTS, "result" => label).increment(1);
     match result {
@@ -203,19 +204,19 @@ async fn answer(
     path: Result<Path<String>, PathRejection>,
     headers: &HeaderMap,
     body: Result<Json<Body>, JsonRejection>,
-) -> Result<Response, Refusal> {
+) -> Result<Response, ApiError> {
     let now = (e.inner.clock)();
     let claims =
         bearer(headers, &e.inner.verifier, now).map_err(|r| refused_token("erasure", r))?;
-    let Path(courier) = path.map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let Path(courier) = path.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     if !courier_wire::topic::valid_id(&courier) {
-        return Err(Refusal::new(
+        return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "courier id must be 1-64 of [A-Za-z0-9._:-]",
         ));
     }
     let Json(body) = body.map_err(|_| {
-        Refusal::new(
+        ApiError::new(
             StatusCode::BAD_REQUEST,
             "the body must be JSON {\"reason\": \"...\"}",
         )
@@ -227,7 +228,7 @@ async fn answer(
         .await
         .map_err(|err| {
             tracing::error!(error = %err, "erasure failed; nothing was removed from PostgreSQL");
-            Refusal::new(
+            ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "erasure failed and was rolled back; try again",
             )

@@ -29,12 +29,13 @@ use crate::error::HistoryError;
 use crate::Clock;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use courier_auth::Verifier;
 use courier_wire::metrics as m;
+use courier_wire::ApiError;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -63,53 +64,24 @@ struct Inner {
     clock: Clock,
 }
 
-/// A refusal: status and message.
-pub(crate) struct Refusal {
-    pub(crate) status: StatusCode,
-    pub(crate) message: String,
-}
-
-impl Refusal {
-    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        Refusal {
-            status,
-            message: message.into(),
-        }
-    }
-
-    pub(crate) fn result(&self) -> &'static str {
-        match self.status {
-            StatusCode::UNAUTHORIZED => "unauthorized",
-            StatusCode::FORBIDDEN => "forbidden",
-            StatusCode::BAD_REQUEST => "bad_request",
-            StatusCode::PAYLOAD_TOO_LARGE => "too_large",
-            _ => "error",
-        }
-    }
-}
-
-impl IntoResponse for Refusal {
-    fn into_response(self) -> Response {
-        let mut r = (
-            self.status,
-            Json(serde_json::json!({ "error": self.message })),
-        )
-            .into_response();
-        if self.status == StatusCode::UNAUTHORIZED {
-            r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        r
+/// The `result` label a refusal is counted under.
+pub(crate) fn result_label(r: &ApiError) -> &'static str {
+    match r.status {
+        StatusCode::UNAUTHORIZED => "unauthorized",
+        StatusCode::FORBIDDEN => "forbidden",
+        StatusCode::BAD_REQUEST => "bad_request",
+        StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+        _ => "error",
     }
 }
 
 /// The one answer every failed token gets: telling a caller why (expired, forged, unknown key)
 /// would help him forge the next one. The reason goes to the log and to
 /// `trail_token_refusals_total{reason}`.
-fn unauthorized(reason: &'static str) -> Refusal {
+fn unauthorized(reason: &'static str) -> ApiError {
     metrics::counter!(courier_wire::metrics::TRAIL_TOKEN_REFUSALS, "reason" => reason).increment(1);
     tracing::info!(reason, "trail request refused: token");
-    Refusal::new(StatusCode::UNAUTHORIZED, "a valid bearer token is required")
+    ApiError::new(StatusCode::UNAUTHORIZED, "a valid bearer token is required")
 }
 
 /// The claims of the request's bearer token under `keys`, or the reason it is refused
@@ -129,22 +101,22 @@ pub(crate) fn bearer(
 }
 
 /// The generic 401 of the privacy doors (erasure, aggregates): the reason goes to the log only.
-pub(crate) fn refused_token(door: &'static str, reason: &'static str) -> Refusal {
+pub(crate) fn refused_token(door: &'static str, reason: &'static str) -> ApiError {
     tracing::info!(door, reason, "request refused: token");
-    Refusal::new(StatusCode::UNAUTHORIZED, "a valid bearer token is required")
+    ApiError::new(StatusCode::UNAUTHORIZED, "a valid bearer token is required")
 }
 
 /// `reason` of a request: required, at most [`MAX_REASON_CHARS`].
-pub(crate) fn check_reason(reason: &str) -> Result<&str, Refusal> {
+pub(crate) fn check_reason(reason: &str) -> Result<&str, ApiError> {
     let reason = reason.trim();
     if reason.is_empty() {
-        return Err(Refusal::new(
+        return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "`reason` is required: why this is done",
         ));
     }
     if reason.chars().count() > MAX_REASON_CHARS {
-        return Err(Refusal::new(
+        return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             format!("`reason` is longer than {MAX_REASON_CHARS} characters"),
         ));
@@ -286,9 +258,9 @@ impl Trail {
 }
 
 /// `from` / `to`: RFC 3339 in UTC, or unix seconds.
-pub(crate) fn parse_time(name: &str, v: Option<&String>) -> Result<SystemTime, Refusal> {
+pub(crate) fn parse_time(name: &str, v: Option<&String>) -> Result<SystemTime, ApiError> {
     let v = v.map(|s| s.trim()).filter(|s| !s.is_empty()).ok_or_else(|| {
-        Refusal::new(StatusCode::BAD_REQUEST, format!("`{name}` is required (RFC 3339 UTC, e.g. 2026-11-30T08:00:00Z, or unix seconds)"))
+        ApiError::new(StatusCode::BAD_REQUEST, format!("`{name}` is required (RFC 3339 UTC, e.g. 2026-11-30T08:00:00Z, or unix seconds)"))
     })?;
     if let Ok(secs) = v.parse::<f64>() {
         if secs.is_finite() && (0.0..1e11).contains(&secs) {
@@ -297,7 +269,7 @@ pub(crate) fn parse_time(name: &str, v: Option<&String>) -> Result<SystemTime, R
     } else if let Ok(t) = humantime::parse_rfc3339_weak(v) {
         return Ok(t);
     }
-    Err(Refusal::new(
+    Err(ApiError::new(
         StatusCode::BAD_REQUEST,
         format!(
             "`{name}` is not a time: use RFC 3339 in UTC (2026-11-30T08:00:00Z) or unix seconds"
@@ -329,10 +301,10 @@ async fn get_own_trail(
     respond(m::ACCESS_REQUESTS, result)
 }
 
-fn respond(metric: &'static str, result: Result<Response, Refusal>) -> Response {
+fn respond(metric: &'static str, result: Result<Response, ApiError>) -> Response {
     let label = match &result {
         Ok(_) => "ok",
-        Err(r) => r.result(),
+        Err(r) => result_label(r),
     };
     metrics::counter!(metric, "result" => label).increment(1);
     match result {
@@ -350,12 +322,12 @@ async fn answer(
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
     headers: &HeaderMap,
-) -> Result<Response, Refusal> {
+) -> Result<Response, ApiError> {
     // Who asks comes first: an anonymous caller learns nothing about the parameters.
     let now = (trail.inner.clock)();
     let keys = match (own, &trail.inner.own_keys) {
         (true, Some(k)) => k,
-        (true, None) => return Err(Refusal::new(StatusCode::NOT_FOUND, "not served here")),
+        (true, None) => return Err(ApiError::new(StatusCode::NOT_FOUND, "not served here")),
         (false, _) => &trail.inner.keys,
     };
     // An ops token is signed with another key (its kid is unknown to the trail keys): tried
@@ -371,9 +343,9 @@ async fn answer(
         },
     };
 
-    let Path(courier) = path.map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let Path(courier) = path.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     if !courier_wire::topic::valid_id(&courier) {
-        return Err(Refusal::new(
+        return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "courier id must be 1-64 of [A-Za-z0-9._:-]",
         ));
@@ -382,12 +354,12 @@ async fn answer(
     // answer says nothing about him (not even whether he has points).
     if own && claims.sub != courier {
         tracing::info!(courier = %claims.sub, "own-trail refused: another courier's id");
-        return Err(Refusal::new(
+        return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "a device token reads only its own courier's trail",
         ));
     }
-    let Query(q) = query.map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let Query(q) = query.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     let given = q.get("reason").map(|s| s.trim()).unwrap_or("");
     let reason = if own && given.is_empty() {
         OWN_REASON
@@ -407,9 +379,9 @@ async fn answer(
         .duration_since(from)
         .ok()
         .filter(|d| !d.is_zero())
-        .ok_or_else(|| Refusal::new(StatusCode::BAD_REQUEST, "`to` must be after `from`"))?;
+        .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "`to` must be after `from`"))?;
     if window > trail.inner.max_window {
-        return Err(Refusal::new(
+        return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             format!(
                 "the window is longer than the maximum of {}",
@@ -423,13 +395,13 @@ async fn answer(
         .await
         .map_err(|e| {
             tracing::error!(error = %e, "trail read failed");
-            Refusal::new(
+            ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the history database is unavailable; nothing was read",
             )
         })?;
     let Some(fixes) = fixes else {
-        return Err(Refusal::new(
+        return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!(
                 "the window holds more than {} points: ask for a shorter one",

@@ -19,6 +19,7 @@ use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
+use courier_wire::ApiError;
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
@@ -70,21 +71,15 @@ pub(crate) fn router(api: Arc<Api>) -> Router {
         .with_state(api)
 }
 
-/// A refused call: status, metric label, message.
+/// A refused call: status, metric label, message; answered as every API answers
+/// ([`ApiError`]).
 #[derive(Debug)]
 pub(crate) struct Refused(StatusCode, &'static str, String);
 
 impl IntoResponse for Refused {
     fn into_response(self) -> Response {
         events::api(self.1);
-        let mut r = (self.0, Json(json!({ "error": self.2 }))).into_response();
-        if self.0 == StatusCode::UNAUTHORIZED {
-            r.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static("Bearer"),
-            );
-        }
-        r
+        ApiError::new(self.0, self.2).into_response()
     }
 }
 

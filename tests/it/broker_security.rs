@@ -50,6 +50,7 @@ async fn logins_are_checked_and_tls_carries_points() {
     std::fs::create_dir_all(&dir).unwrap();
     let (ca, cert, key) = throwaway_tls(&dir);
 
+    // rumqttd binds its own listeners and cannot report a port 0: chosen here.
     let (plain, tls) = (free_addr(), free_addr());
     let mut config = broker::load_config(None, plain).unwrap();
     let tls_listener = TlsListener {

@@ -84,28 +84,71 @@ fn scrape(addr: std::net::SocketAddr) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_takes_a_point_serves_metrics_and_stops_on_sigterm() {
-    let (mqtt, metrics, http, ws) = (free_addr(), free_addr(), free_addr(), free_addr());
-    let edge = free_addr();
+    // rumqttd binds its own listener and cannot report a port 0: the bus port is chosen here.
+    // Every other listener is bound on port 0 by `run` itself and read back from its report.
+    let mqtt = free_addr();
     let prefix = prefix();
     let dir = std::env::temp_dir().join(format!("cli-{:x}", rand::random::<u64>()));
     std::fs::create_dir_all(&dir).unwrap();
     let conf = dir.join("run.toml");
     std::fs::write(&conf, format!("[redis]\nkey_prefix = \"{prefix}\"\n")).unwrap();
-    let mut child = Command::new(BIN)
-        .args(["--config", conf.to_str().unwrap(), "run"])
+    let mut cmd = Command::new(BIN);
+    cmd.args(["--config", conf.to_str().unwrap(), "run"])
         .env_remove("MQTT_URL")
         .env("MQTT_LISTEN", mqtt.to_string())
-        .env("EDGE_LISTEN", edge.to_string())
-        .env("METRICS_LISTEN", metrics.to_string())
-        .env("HTTP_LISTEN", http.to_string())
-        .env("WS_LISTEN", ws.to_string())
+        .env("EDGE_LISTEN", "127.0.0.1:0")
+        .env("METRICS_LISTEN", "127.0.0.1:0")
+        .env("HTTP_LISTEN", "127.0.0.1:0")
+        .env("WS_LISTEN", "127.0.0.1:0")
         .env("REDIS_URL", &services().redis_url)
         .env("DATABASE_URL", &services().database_url)
         .env("AUTH_KEY_DIR", test_key_dir())
+        .env("SERVICE_KEY", TEST_SERVICE_KEY)
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::piped());
+    let report = ListenReport::on(&mut cmd);
+    let mut child = cmd.spawn().unwrap();
+    let bound = report.wait(&mut child, "run");
+    let (metrics, http, ws, edge) = (
+        bound.get("metrics"),
+        bound.get("http"),
+        bound.get("ws"),
+        bound.get("edge.tcp"),
+    );
+    assert_eq!(bound.get("broker"), mqtt);
+    // Real ports, each accepting once the report is written (nothing to wait for). Not the
+    // bus: rumqttd logs a connection closed before CONNECT as an ERROR, checked below.
+    for addr in [metrics, http, ws, edge] {
+        assert_ne!(addr.port(), 0, "{bound:?}");
+        TcpStream::connect(addr).unwrap_or_else(|e| panic!("{addr}: {e} ({bound:?})"));
+    }
+    // The URLs handed out name the port bound, not port 0: the orders API's tracking link.
+    let order = format!("o-{:x}", rand::random::<u32>());
+    let service = [("Authorization", format!("Bearer {TEST_SERVICE_KEY}"))];
+    let service: Vec<(&str, &str)> = service.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let assigned = http_post(
+        http,
+        &format!("/orders/{order}/assign"),
+        &service,
+        r#"{"courier_id":"cli1"}"#,
+    )
+    .await;
+    assert_eq!(assigned.status, 200, "{assigned:?}");
+    let t = http_post(
+        http,
+        &format!("/orders/{order}/tracking-token"),
+        &service,
+        r#"{"viewer":"customer"}"#,
+    )
+    .await;
+    assert_eq!(t.status, 200, "{t:?}");
+    assert_eq!(t.body["ws_url"], format!("ws://{ws}/mqtt"), "{t:?}");
+    assert!(
+        t.body["tracking_url"]
+            .as_str()
+            .is_some_and(|u| u.starts_with(&format!("http://{http}/track/{order}?"))),
+        "{t:?}"
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     while scrape(metrics).is_empty() {
         assert!(Instant::now() < deadline, "metrics endpoint never answered");
@@ -173,7 +216,8 @@ async fn run_takes_a_point_serves_metrics_and_stops_on_sigterm() {
         );
     }
     assert!(!health(format!("http://{metrics}/nothing-here")));
-    assert!(!health(format!("http://{}/healthz", free_addr())));
+    let (_closed, nobody) = refused_addr();
+    assert!(!health(format!("http://{nobody}/healthz")));
     // The public keys it accepts, as a JWKS other verifiers can use: one per audience here,
     // each under its kid, and nothing private.
     let jwks = http_get(http, "/.well-known/jwks.json", None).await;
@@ -239,6 +283,7 @@ async fn run_takes_a_point_serves_metrics_and_stops_on_sigterm() {
 
 #[test]
 fn log_format_json_writes_one_json_object_per_line() {
+    // The broker role is rumqttd alone, which cannot report a port 0: chosen here.
     let mqtt = free_addr();
     let mut child = Command::new(BIN)
         .arg("broker")
@@ -282,9 +327,12 @@ fn the_embedded_broker_will_not_admit_anyone_without_keys() {
     // Refused at start, with the error on stderr: no key directory, or one without bus keys.
     let refused = |dir: Option<&std::path::Path>| {
         let mut cmd = Command::new(BIN);
+        // Held, not listening: had the broker bound anything before checking its keys, it
+        // would fail with another error than the one expected below.
+        let (_held, listen) = refused_addr();
         cmd.arg("broker")
             .env_remove("MQTT_URL")
-            .env("MQTT_LISTEN", free_addr().to_string())
+            .env("MQTT_LISTEN", listen.to_string())
             .env("METRICS_LISTEN", "off");
         match dir {
             Some(d) => cmd.env("AUTH_KEY_DIR", d),
@@ -310,16 +358,17 @@ fn the_embedded_broker_will_not_admit_anyone_without_keys() {
 
 #[test]
 fn readyz_says_no_while_the_broker_is_unreachable() {
-    let metrics = free_addr();
-    let mut child = Command::new(BIN)
-        .arg("ingest")
-        .env("MQTT_URL", format!("mqtt://{}", free_addr()))
-        .env("METRICS_LISTEN", metrics.to_string())
+    let (_closed, nobody) = refused_addr();
+    let mut cmd = Command::new(BIN);
+    cmd.arg("ingest")
+        .env("MQTT_URL", format!("mqtt://{nobody}"))
+        .env("METRICS_LISTEN", "127.0.0.1:0")
         .env("REDIS_URL", &services().redis_url)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::null());
+    let report = ListenReport::on(&mut cmd);
+    let mut child = cmd.spawn().unwrap();
+    let metrics = report.wait(&mut child, "ingest").get("metrics");
     let deadline = Instant::now() + Duration::from_secs(20);
     // Ready to judge once ingest has reached Redis (the broker it is given never answers).
     let (status, ready) = loop {

@@ -46,22 +46,18 @@ impl City {
         )
         .unwrap();
         let schema = pg_schema().await;
-        let (bus, edge, metrics, http, ws) = (
-            free_addr(),
-            free_addr(),
-            free_addr(),
-            free_addr(),
-            free_addr(),
-        );
+        // The bus is rumqttd, which cannot report a port 0: chosen here; `run` binds the rest on
+        // port 0 and reports them.
+        let bus = free_addr();
         let mut cmd = Command::new(BIN);
         with_test_keys(&mut cmd)
             .args(["--config", conf.to_str().unwrap(), "run"])
             .env_remove("MQTT_URL")
             .env("MQTT_LISTEN", bus.to_string())
-            .env("EDGE_LISTEN", edge.to_string())
-            .env("METRICS_LISTEN", metrics.to_string())
-            .env("HTTP_LISTEN", http.to_string())
-            .env("WS_LISTEN", ws.to_string())
+            .env("EDGE_LISTEN", "127.0.0.1:0")
+            .env("METRICS_LISTEN", "127.0.0.1:0")
+            .env("HTTP_LISTEN", "127.0.0.1:0")
+            .env("WS_LISTEN", "127.0.0.1:0")
             // Not used beside the cluster's nodes: pointed at nothing to show it.
             .env("REDIS_URL", "redis://127.0.0.1:1/")
             .env("REDIS_CLUSTER_NODES", cluster.nodes.join(","))
@@ -69,13 +65,20 @@ impl City {
             .env("RUST_LOG", "error")
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let run = Proc {
+        let report = ListenReport::on(&mut cmd);
+        let mut run = Proc {
             name: "run",
             child: cmd.spawn().unwrap(),
         };
+        let bound = report.wait(&mut run.child, "run");
+        let (edge, metrics, http, ws) = (
+            bound.get("edge.tcp"),
+            bound.get("metrics"),
+            bound.get("http"),
+            bound.get("ws"),
+        );
         let ready = wait_until_async(Duration::from_secs(30), || async move {
-            tokio::net::TcpStream::connect(metrics).await.is_ok()
-                && http_get(metrics, "/readyz", None).await.status == 200
+            http_get(metrics, "/readyz", None).await.status == 200
         })
         .await;
         assert!(ready, "{prefix}: run never got ready on the cluster");

@@ -89,6 +89,7 @@ async fn rig(o: RigOptions) -> Rig {
     }
     .bind()
     .unwrap();
+    // rumqttd binds its own listener and cannot report a port 0: chosen here.
     let addr = free_addr();
     let mut config = broker::load_config(None, addr).unwrap();
     broker::secure(&mut config, None, Some(test_verifier(Audience::Bus))).unwrap();
@@ -351,6 +352,7 @@ async fn a_stolen_token_reads_nothing_and_moves_no_one() {
         .await,
         "B's points did not all reach ingest"
     );
+    // A negative: time for a leak to A to show up (nothing to wait for when nothing comes).
     tokio::time::sleep(Duration::from_millis(300)).await;
     while let Ok(ev) = a_got.try_recv() {
         if matches!(ev, Event::Incoming(Packet::Publish(_))) {
@@ -424,6 +426,7 @@ async fn a_stolen_token_reads_nothing_and_moves_no_one() {
         .await,
         "QoS 2"
     );
+    // A negative: time for a refused publish to reach the bus if it were let through.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let leaked = r.drain_spy();
     assert!(leaked.is_empty(), "reached the bus: {leaked:?}");
@@ -472,6 +475,7 @@ async fn a_stolen_token_reads_nothing_and_moves_no_one() {
         acks,
         [m5::PubAckReason::NotAuthorized, m5::PubAckReason::Success]
     );
+    // Exactly one through: time for the refused one to arrive too, were it let through.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let through = r.drain_spy();
     assert_eq!(through.len(), 1, "{through:?}");
@@ -511,6 +515,8 @@ async fn expiry_drops_and_takeovers_handle_the_will() {
     assert!(tokio::time::timeout(Duration::from_secs(5), h4)
         .await
         .is_ok());
+    // cx's and cy's Wills must arrive, and a wrongly published one (cz, cw) would meanwhile:
+    // a negative has no state to wait for.
     tokio::time::sleep(Duration::from_millis(800)).await;
     let seen = r.drain_spy();
     let offline: Vec<&str> = seen
@@ -763,31 +769,32 @@ async fn an_edge_and_a_bus_without_private_keys_carry_a_phones_point() {
         d
     };
     let (bus_dir, edge_dir) = (only("bus", &["bus.pub"]), only("edge", &["courier.pub"]));
-    let (bus, phones) = (free_addr(), free_addr());
+    // The bus is rumqttd, which cannot report a port 0: chosen here. The edge binds port 0.
+    let bus = free_addr();
     let spawn = |args: &[&str], dir: &std::path::Path| {
         let mut c = Command::new(BIN);
         c.args(args)
             .env("AUTH_KEY_DIR", dir)
             .env_remove("MQTT_TOKEN")
             .env("MQTT_LISTEN", bus.to_string())
-            .env("EDGE_LISTEN", phones.to_string())
+            .env("EDGE_LISTEN", "127.0.0.1:0")
             .env("METRICS_LISTEN", "off")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
         c
     };
-    let mut bus_proc = spawn(&["broker"], &bus_dir).spawn().unwrap();
+    // Each reports once it listens.
+    let mut cmd = spawn(&["broker"], &bus_dir);
+    let bus_report = ListenReport::on(&mut cmd);
+    let mut bus_proc = cmd.spawn().unwrap();
+    assert_eq!(bus_report.wait(&mut bus_proc, "bus").get("broker"), bus);
     let edge_token = sign(&Claims::bus("edge", now(), 600));
-    let mut edge_proc = spawn(&["edge"], &edge_dir)
-        .env("MQTT_URL", format!("mqtt://{bus}"))
-        .env("MQTT_TOKEN", &edge_token)
-        .spawn()
-        .unwrap();
-    let up = |a| std::net::TcpStream::connect(a).is_ok();
-    assert!(
-        wait_until(Duration::from_secs(20), || up(bus) && up(phones)).await,
-        "bus or edge did not listen"
-    );
+    let mut cmd = spawn(&["edge"], &edge_dir);
+    cmd.env("MQTT_URL", format!("mqtt://{bus}"))
+        .env("MQTT_TOKEN", &edge_token);
+    let edge_report = ListenReport::on(&mut cmd);
+    let mut edge_proc = cmd.spawn().unwrap();
+    let phones = edge_report.wait(&mut edge_proc, "edge").get("edge.tcp");
     let spy_login = login(
         &MqttEndpoint::new("127.0.0.1", bus.port()),
         "spy",
@@ -883,6 +890,7 @@ async fn after_his_own_offline_a_couriers_points_go_nowhere_until_online() {
         "off-shift points counted: {}",
         e.off_shift.load(Relaxed)
     );
+    // A negative: time for an off-shift point to reach the bus, were it forwarded.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let seen = r.drain_spy();
     let locs = seen

@@ -204,7 +204,7 @@ async fn foreign_filters_are_refused_in_suback_on_both_versions() {
     .await;
     assert_eq!(next_point(&mut rx4).await.0, "track/o-1");
     assert_eq!(next_point(&mut rx5).await.0, "track/o-1");
-    assert_eq!(f.stats.refused(fanout::Refusal::Filter), 5 + 1 + 3);
+    assert_eq!(f.stats.refused(fanout::ViewerRefusal::Filter), 5 + 1 + 3);
     f.stop().await;
     cleanup_all(&keys).await;
 }
@@ -259,10 +259,10 @@ async fn bad_tokens_are_refused_at_connect_on_both_versions() {
             other => panic!("v5 with a bad token: {other:?}"),
         }
     }
-    assert_eq!(f.stats.refused(fanout::Refusal::ExpiredToken), 2);
+    assert_eq!(f.stats.refused(fanout::ViewerRefusal::ExpiredToken), 2);
     // forged, trail token, device token, garbage: on both versions
-    assert_eq!(f.stats.refused(fanout::Refusal::BadToken), 8);
-    assert_eq!(f.stats.refused(fanout::Refusal::OrderEnded), 2);
+    assert_eq!(f.stats.refused(fanout::ViewerRefusal::BadToken), 8);
+    assert_eq!(f.stats.refused(fanout::ViewerRefusal::OrderEnded), 2);
     assert_eq!(f.stats.viewers.load(Relaxed), 0);
     f.stop().await;
     cleanup_all(&keys).await;
@@ -532,7 +532,7 @@ async fn a_viewer_that_publishes_is_disconnected() {
         next_seen(&mut rx, 2 * SEC).await,
         Some(Seen::Closed(_))
     ));
-    assert_eq!(f.stats.refused(fanout::Refusal::Publish), 1);
+    assert_eq!(f.stats.refused(fanout::ViewerRefusal::Publish), 1);
     assert!(tokio::time::timeout(SEC / 2, spy.recv()).await.is_err());
     f.stop().await;
     cleanup_all(&keys).await;
@@ -705,7 +705,7 @@ async fn a_token_holds_at_most_its_sessions() {
         }
         other => panic!("a third session of the token: {other:?}"),
     }
-    assert_eq!(f.stats.refused(fanout::Refusal::TokenSessions), 1);
+    assert_eq!(f.stats.refused(fanout::ViewerRefusal::TokenSessions), 1);
     // Another token of the same order is not held to the first one's count.
     let other = signed("o-cap", now() as u64 + 601);
     assert_ne!(other, token);
@@ -717,7 +717,7 @@ async fn a_token_holds_at_most_its_sessions() {
     assert!(wait_until(5 * SEC, || s.viewers.load(Relaxed) == 2).await);
     let (_c5, mut rx5) = viewer_v4(f.ws, &token).await;
     expect(&mut rx5, Seen::Connected).await;
-    assert_eq!(f.stats.refused(fanout::Refusal::TokenSessions), 1);
+    assert_eq!(f.stats.refused(fanout::ViewerRefusal::TokenSessions), 1);
     f.stop().await;
     cleanup_all(&keys).await;
 }

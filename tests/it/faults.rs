@@ -120,8 +120,8 @@ impl Ledger {
 /// `courier-pipeline broker` as its own process (anonymous: this test is about faults, not
 /// logins), listening on `addr`.
 fn broker_process(addr: SocketAddr) -> Proc {
-    let child = Command::new(BIN)
-        .arg("broker")
+    let mut cmd = Command::new(BIN);
+    cmd.arg("broker")
         .env_remove("MQTT_URL")
         .env_remove("AUTH_KEY_DIR")
         .env("MQTT_ALLOW_ANONYMOUS", "true")
@@ -129,14 +129,11 @@ fn broker_process(addr: SocketAddr) -> Proc {
         .env("METRICS_LISTEN", "off")
         .env("RUST_LOG", "error")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "broker did not listen on {addr}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        .stderr(Stdio::null());
+    // Written once rumqttd accepts connections.
+    let report = ListenReport::on(&mut cmd);
+    let mut child = cmd.spawn().unwrap();
+    assert_eq!(report.wait(&mut child, "broker").get("broker"), addr);
     Proc {
         name: "broker",
         child,
@@ -158,6 +155,21 @@ async fn rows(url: &str) -> i64 {
         .await
         .unwrap()
         .get(0)
+}
+
+/// The row count once history has written everything it will (no change for half a second,
+/// five of its 100 ms batches; 15 s at most).
+async fn settled_rows(url: &str) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut last = (rows(url).await, Instant::now());
+    while last.1.elapsed() < Duration::from_millis(500) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = rows(url).await;
+        if now != last.0 {
+            last = (now, Instant::now());
+        }
+    }
+    last.0
 }
 
 /// Waits until ingest has judged everything it will (no change for half a second).
@@ -191,6 +203,7 @@ async fn a_mosquitto_restart_loses_only_the_gap_and_every_role_comes_back() {
 
 async fn broker_restart(kind: BrokerKind) {
     let (seconds, rate) = (knob("FAULT_SECONDS", 8.0), knob("FAULT_RATE", 2000.0));
+    // Restarted on the same port (its clients reconnect to the address they knew).
     let addr = free_addr();
     let dir = std::env::temp_dir().join(format!("bus-{:x}", rand::random::<u64>()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -212,6 +225,7 @@ async fn broker_restart(kind: BrokerKind) {
     tokio::time::sleep(Duration::from_secs_f64(seconds / 4.0)).await;
     sigkill(&mut broker);
     let killed_at = sim_stats.sent.load(Relaxed);
+    // The outage itself: the broker stays away for a second.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut broker = start();
     let restarted = Instant::now();
@@ -232,7 +246,8 @@ async fn broker_restart(kind: BrokerKind) {
     );
     let recovered_in = restarted.elapsed();
     // From here on nothing may be lost: compare what was written with what was judged over
-    // the rest of the run.
+    // the rest of the run, from half a second on (a margin past the first accepted point
+    // for the other workers' resubscriptions; no state says when the last one is in).
     tokio::time::sleep(Duration::from_millis(500)).await;
     let steady_from = (sim_stats.sent.load(Relaxed), ingest.stats.settled());
     let report = run.await.unwrap().unwrap();
@@ -499,6 +514,7 @@ async fn redis_restarted_with_aof_loses_nothing_and_the_live_index_comes_back() 
 
 async fn redis_restart(aof: bool) {
     let (seconds, rate) = (knob("FAULT_SECONDS", 8.0), knob("FAULT_RATE", 2000.0));
+    // Redis is told its port, and restarted on it.
     let port = free_addr().port();
     let url = format!("redis://127.0.0.1:{port}/");
     let dir = std::env::temp_dir().join(format!("aof-{:x}", rand::random::<u64>()));
@@ -584,6 +600,7 @@ async fn a_rolling_restart_of_an_ingest_worker_loses_nothing() {
     tokio::time::sleep(Duration::from_secs_f64(seconds / 3.0)).await;
     let (a, a_run) = (a.stats.clone(), a);
     a_run.stop().await;
+    // The rolling restart's gap: a second with one worker fewer before its successor starts.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let c = start_ingest(&broker, test_ingest_config(), keys.clone()).await;
     run.await.unwrap().unwrap();
@@ -695,6 +712,7 @@ async fn a_rolling_restart_of_a_history_writer_loses_no_row() {
     let run = tokio::spawn(sim.run(CancellationToken::new(), |_| {}));
     tokio::time::sleep(Duration::from_secs_f64(seconds / 3.0)).await;
     stop_role("history a", a_stop, a_task).await;
+    // The rolling restart's gap: a second with one writer fewer before its successor starts.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (c, c_stop, c_task) = history_writer(&broker.endpoint, &schema.url, &keys).await;
     run.await.unwrap().unwrap();
@@ -734,6 +752,9 @@ struct RunPorts {
 }
 
 impl RunPorts {
+    /// Ports chosen before the start: for a `run` restarted on the same ones (its phones
+    /// reconnect to the address they knew), and for the embedded bus (rumqttd cannot report a
+    /// port 0).
     fn free() -> Self {
         RunPorts {
             bus: free_addr(),
@@ -741,6 +762,18 @@ impl RunPorts {
             metrics: free_addr(),
             http: free_addr(),
             ws: free_addr(),
+        }
+    }
+
+    /// Port 0 everywhere, for a `run` on an external bus that is never restarted.
+    fn any() -> Self {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        RunPorts {
+            bus: any,
+            edge: any,
+            metrics: any,
+            http: any,
+            ws: any,
         }
     }
 }
@@ -760,16 +793,17 @@ fn run_config(prefix: &str) -> (std::path::PathBuf, std::path::PathBuf) {
 }
 
 fn run_process(p: &RunPorts, conf: &std::path::Path, database_url: &str) -> Proc {
-    run_on_bus(p, conf, database_url, None)
+    run_on_bus(p, conf, database_url, None).0
 }
 
-/// `run` against an external bus (`MQTT_URL`), or with its embedded one.
+/// `run` against an external bus (`MQTT_URL`), or with its embedded one; returns once every
+/// listener is bound, with the addresses it bound.
 fn run_on_bus(
     p: &RunPorts,
     conf: &std::path::Path,
     database_url: &str,
     bus: Option<&MqttEndpoint>,
-) -> Proc {
+) -> (Proc, RunPorts) {
     let mut cmd = Command::new(BIN);
     with_test_keys(&mut cmd)
         .args(["--config", conf.to_str().unwrap(), "run"])
@@ -787,10 +821,20 @@ fn run_on_bus(
     if let Some(b) = bus {
         cmd.env("MQTT_URL", format!("mqtt://{}:{}", b.host, b.port));
     }
-    Proc {
+    let report = ListenReport::on(&mut cmd);
+    let mut run = Proc {
         name: "run",
         child: cmd.spawn().unwrap(),
-    }
+    };
+    let bound = report.wait(&mut run.child, "run");
+    let bound = RunPorts {
+        bus: bound.find("broker").unwrap_or(p.bus),
+        edge: bound.get("edge.tcp"),
+        metrics: bound.get("metrics"),
+        http: bound.get("http"),
+        ws: bound.get("ws"),
+    };
+    (run, bound)
 }
 
 async fn ready(metrics: SocketAddr) -> bool {
@@ -856,8 +900,7 @@ async fn run_killed_under_load_comes_back_and_history_keeps_what_was_committed()
         "not every courier was seen again within 20 s of the restart"
     );
     let report = load_run.await.unwrap().unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let after = rows().await;
+    let after = settled_rows(&schema.url).await;
     let sent = sim_stats.sent.load(Relaxed);
     println!(
         "ledger [SIGKILL of run]: sent {sent} (never written {}), rows {after} ({committed} committed \
@@ -894,11 +937,9 @@ async fn two_nodes_on_one_bus_split_the_load_and_count_nothing_twice() {
     let prefix = prefix();
     let keys = Keys::with_prefix(&prefix);
     let (dir, conf) = run_config(&prefix);
-    let (n1, n2) = (RunPorts::free(), RunPorts::free());
-    let mut procs = vec![
-        run_on_bus(&n1, &conf, &schema.url, Some(&bus.endpoint)),
-        run_on_bus(&n2, &conf, &schema.url, Some(&bus.endpoint)),
-    ];
+    let (p1, n1) = run_on_bus(&RunPorts::any(), &conf, &schema.url, Some(&bus.endpoint));
+    let (p2, n2) = run_on_bus(&RunPorts::any(), &conf, &schema.url, Some(&bus.endpoint));
+    let mut procs = vec![p1, p2];
     for n in [&n1, &n2] {
         assert!(ready(n.metrics).await, "a node never got ready");
     }
@@ -948,6 +989,7 @@ async fn two_nodes_on_one_bus_split_the_load_and_count_nothing_twice() {
 async fn the_gateway_and_dispatch_work_again_after_a_redis_restart() {
     let _serial = SERIAL.lock().await;
     use rumqttc::QoS;
+    // Redis is told its port, and restarted on it.
     let port = free_addr().port();
     let url = format!("redis://127.0.0.1:{port}/");
     let mut redis = redis_process(port);
@@ -973,6 +1015,7 @@ async fn the_gateway_and_dispatch_work_again_after_a_redis_restart() {
         .unwrap();
 
     sigkill(&mut redis);
+    // The outage itself: Redis stays away for two seconds.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut redis = redis_process(port);
 

@@ -510,12 +510,13 @@ async fn postgres_down_and_back_every_row_is_written_or_counted_as_dropped() {
         "received {}",
         st.received.load(Relaxed)
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(st.buffer_depth.load(Relaxed) <= 1_500);
     assert!(
-        st.copy_failures.load(Relaxed) >= 1,
-        "the writer noticed the outage"
+        wait_until(Duration::from_secs(10), || st.copy_failures.load(Relaxed)
+            >= 1)
+        .await,
+        "the writer did not notice the outage"
     );
+    assert!(st.buffer_depth.load(Relaxed) <= 1_500);
 
     // Back: the buffer drains by itself.
     pg.start_again();
@@ -1017,6 +1018,8 @@ async fn a_subscriber_hands_over_what_arrives_while_it_disconnects() {
         )
         .await;
     }
+    // Time for them to reach the client's socket: nothing polls it, so there is no state to
+    // watch (polling it is what the test must not do).
     tokio::time::sleep(Duration::from_millis(300)).await;
     let late = sub.disconnect(&mut el, Duration::from_secs(2)).await;
     assert_eq!(
@@ -1207,6 +1210,11 @@ async fn a_writer_stops_at_once_while_its_aggregator_waits_for_the_watermark() {
     tx.batch_execute("SELECT done_until FROM aggregate_watermark FOR UPDATE")
         .await
         .unwrap();
+    let holder: i32 = tx
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
     let broker = start_broker(BrokerKind::Embedded);
     let config = HistoryConfig {
         aggregate_every: Duration::from_millis(100),
@@ -1220,8 +1228,28 @@ async fn a_writer_stops_at_once_while_its_aggregator_waits_for_the_watermark() {
         history_writer::system_clock(),
     )
     .await;
-    // Let the aggregator reach the lock and wait on it (lock_timeout is 10 s).
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Once the aggregator waits on the lock (lock_timeout is 10 s), a backend is blocked by
+    // the holder's.
+    let watch = pg_connect(&s.url).await;
+    let waiting = wait_until_async(Duration::from_secs(8), || {
+        let watch = &watch;
+        async move {
+            let n: i64 = watch
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+                    &[&holder],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            n > 0
+        }
+    })
+    .await;
+    assert!(
+        waiting,
+        "the aggregator never waited for the watermark lock"
+    );
     let t = std::time::Instant::now();
     w.shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(5), w.task)

@@ -344,7 +344,8 @@ async fn seq_reset_is_tracked_again_but_replays_never_win(kind: BrokerKind) {
     ));
 
     // Replays of the old install, flushed late from the offline buffer, never win: neither
-    // lower seqs with older phone times, nor higher seqs from before the reset.
+    // lower seqs with older phone times, nor higher seqs from before the reset. Pacing: past
+    // seq_reset_after again, where a reset would be allowed if the replays could trigger one.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     publish(&r1, &topic, point("r1", 24.60, 46.60, t - 5.0, 499)).await;
     publish(&r1, &topic, point("r1", 24.61, 46.61, t + 1.0, 501)).await;

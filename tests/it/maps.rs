@@ -221,6 +221,8 @@ async fn ops_map_shows_the_couriers_in_view_and_moves_them_when_points_arrive() 
         }
         tab.call("Emulation.setDeviceMetricsOverride", serde_json::json!({ "width": 820, "height": 520, "deviceScaleFactor": 1, "mobile": false })).await;
         tab.eval("opsMap.map.invalidateSize(); opsMap.map.fitBounds([[24.655, 46.62], [24.75, 46.75]], {animate: false}); true").await;
+        // For the picture only (the docs' screenshot): time for the next refresh to draw the
+        // markers set up above and for the map to paint.
         tokio::time::sleep(Duration::from_secs(3)).await;
         tab.screenshot(&p).await;
     }
@@ -264,6 +266,7 @@ async fn ops_map_without_a_valid_ops_token_shows_a_refusal_and_gets_no_data() {
             .await,
             "{what}: no refusal shown"
         );
+        // A negative: time for a refresh that should not happen to draw markers.
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_eq!(tab.eval("opsMap.markers.size").await, 0, "{what}");
         let api: Vec<_> = tab
@@ -564,6 +567,7 @@ async fn delivery_ends_the_customer_page() {
     );
     let before = tab.eval("trackPage.received.length").await;
     c.live.point("tc-d", (RIYADH.0 + 0.001, RIYADH.1), 2).await;
+    // A negative: time for the point to reach the page, were it still connected.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(tab.eval("trackPage.received.length").await, before);
     assert_eq!(tab.eval("trackPage.connection").await, "closed");
@@ -612,6 +616,7 @@ async fn customer_page_with_an_expired_missing_or_foreign_token_is_refused_and_g
             "{what}: no refusal: {}",
             tab.eval("JSON.stringify(trackPage)").await
         );
+        // A negative: time for a point to arrive, were the refused page subscribed.
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(tab.eval("trackPage.received.length").await, 0, "{what}");
         assert_eq!(

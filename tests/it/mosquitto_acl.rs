@@ -62,6 +62,7 @@ impl Bus {
         throwaway_tls(&dir.join("certs"));
         let dynsec = dir.join("dynamic-security.json");
         std::fs::copy(shipped("dynamic-security.json"), &dynsec).unwrap();
+        // Mosquitto cannot report a port 0 it got: the ports are chosen here.
         let (plain, tls) = (free_addr(), free_addr());
         let conf = std::fs::read_to_string(shipped("mosquitto.conf"))
             .unwrap()

@@ -498,6 +498,7 @@ async fn dead_letters_are_listed_and_replayed_per_tenant_and_wrong_keys_move_not
         count("SELECT count(*) FROM webhook_deliveries WHERE state = 'dead'").await,
         1
     );
+    // A negative: time for an attempt on a dead delivery to arrive, were one made.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let attempts_while_dead = rx.hits().len();
     assert_eq!(
@@ -607,11 +608,12 @@ async fn a_dispatcher_killed_mid_delivery_loses_nothing() {
         ),
     )
     .unwrap();
-    let process = |http: SocketAddr| {
+    // A notify process on port 0, once its webhooks API listens: the process and its address.
+    let process = || {
         let mut cmd = Command::new(BIN);
         with_test_keys(&mut cmd)
             .args(["--config", conf.to_str().unwrap(), "notify"])
-            .env("HTTP_LISTEN", http.to_string())
+            .env("HTTP_LISTEN", "127.0.0.1:0")
             .env("METRICS_LISTEN", "off")
             .env("REDIS_URL", &services().redis_url)
             .env("DATABASE_URL", &schema.url)
@@ -619,18 +621,15 @@ async fn a_dispatcher_killed_mid_delivery_loses_nothing() {
             .env("RUST_LOG", "error")
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        Proc {
+        let report = ListenReport::on(&mut cmd);
+        let mut p = Proc {
             name: "notify",
             child: cmd.spawn().unwrap(),
-        }
+        };
+        let http = report.wait(&mut p.child, "notify").get("http");
+        (p, http)
     };
-    let victim_http = free_addr();
-    let victim = process(victim_http);
-    let up = wait_until_async(Duration::from_secs(30), || async move {
-        tokio::net::TcpStream::connect(victim_http).await.is_ok()
-    })
-    .await;
-    assert!(up, "notify did not start");
+    let (victim, victim_http) = process();
     let (_, secret) = register(victim_http, "acme", &format!("http://{rx_addr}/hook")).await;
     *rx.secret.lock().unwrap() = Some(secret);
     assign(&f, "o-k", "c-k", "acme").await;
@@ -644,8 +643,7 @@ async fn a_dispatcher_killed_mid_delivery_loses_nothing() {
     // Events written while no relay runs wait in the stream.
     assign(&f, "o-k2", "c-k2", "acme").await;
 
-    let survivor_http = free_addr();
-    let _survivor = process(survivor_http);
+    let _survivor = process();
     let first_id = rx.hits()[0].id.clone();
     assert!(
         wait_until(Duration::from_secs(20), || rx.delivered().len() == 2).await,
@@ -985,6 +983,7 @@ async fn push_notices_go_once_per_device_and_kind_and_dead_tokens_are_retired() 
             && seen("tok-flaky").len() == 3)
         .await
     );
+    // A negative: time for a duplicate notice to show up.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let kinds = |t: &str| seen(t).into_iter().map(|(_, _, k)| k).collect::<Vec<_>>();
     assert_eq!(kinds("tok-ok"), ["order.picked_up", "order.delivered"]);
@@ -1056,6 +1055,7 @@ async fn the_relay_survives_its_stream_being_deleted() {
         .query_async(&mut redis().await)
         .await
         .unwrap();
+    // A negative: time for the relay to trip over the missing stream (it reads every 50 ms).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!n.task.is_finished(), "the notify role stopped");
     assign(&f, "o-2", "c-2", "acme").await;

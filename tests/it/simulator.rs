@@ -74,16 +74,18 @@ async fn each_courier_connection_says_online_and_its_will_says_offline_when_the_
             report.connects
         );
         assert!(report.faults.flushed > 0);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The last offlines may still be on their way: received until each courier has four.
         let mut seq: HashMap<String, Vec<String>> = HashMap::new();
-        while let Ok(p) = status.try_recv() {
+        recv_until(&mut status, Duration::from_secs(5), |p| {
             let id = p.topic.split('/').nth(1).unwrap().to_string();
             if id.starts_with(&id_prefix) {
                 seq.entry(id)
                     .or_default()
                     .push(String::from_utf8_lossy(&p.payload).into_owned());
             }
-        }
+            seq.len() == 4 && seq.values().all(|s| s.len() >= 4)
+        })
+        .await;
         assert_eq!(seq.len(), 4, "{kind:?}: {seq:?}");
         for (id, s) in &seq {
             // online at shift start, the Will when the network dropped, online again, and
@@ -131,21 +133,30 @@ async fn courier_connections_spread_over_every_broker_address() {
             connections.unwrap_or(couriers) as u64,
             "{connections:?}"
         );
-        tokio::time::sleep(Duration::from_millis(300)).await;
         for (k, rx) in subs.iter_mut().enumerate() {
-            let mut seen = std::collections::BTreeSet::new();
-            while let Ok(p) = rx.try_recv() {
-                let id = p.topic.split('/').nth(1).unwrap();
-                if let Some(n) = id.strip_prefix(&id_prefix) {
-                    seen.insert(n.parse::<usize>().unwrap());
-                }
-            }
             let want: std::collections::BTreeSet<usize> = (0..couriers)
                 .filter(|i| match connections {
                     None => i % 2 == k,
                     Some(shards) => (i % shards) % 2 == k,
                 })
                 .collect();
+            // Received until every courier this broker should see has been seen (the last
+            // messages may still be on their way); one it should not see fails below.
+            let mut seen = std::collections::BTreeSet::new();
+            recv_until(rx, Duration::from_secs(5), |p| {
+                let id = p.topic.split('/').nth(1).unwrap();
+                if let Some(n) = id.strip_prefix(&id_prefix) {
+                    seen.insert(n.parse::<usize>().unwrap());
+                }
+                seen == want
+            })
+            .await;
+            while let Ok(p) = rx.try_recv() {
+                let id = p.topic.split('/').nth(1).unwrap();
+                if let Some(n) = id.strip_prefix(&id_prefix) {
+                    seen.insert(n.parse::<usize>().unwrap());
+                }
+            }
             assert_eq!(seen, want, "{connections:?}: broker {k}");
         }
     }

@@ -27,7 +27,7 @@ use axum::{Json, Router};
 use courier_auth::{Claims, Verifier};
 use courier_wire::metrics as m;
 use courier_wire::seq_state::SeqState;
-use courier_wire::{Keys, RedisConn, RedisOptions, RedisTarget};
+use courier_wire::{ApiError, Keys, RedisConn, RedisOptions, RedisTarget};
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -168,13 +168,10 @@ async fn bundle(Path(file): Path<String>, headers: HeaderMap) -> Response {
     }
 }
 
+/// The answer every API refuses with ([`ApiError`]), with the pages' own headers.
 fn refusal(status: StatusCode, message: &str) -> Response {
-    let mut r = (status, Json(json!({ "error": message }))).into_response();
+    let mut r = ApiError::new(status, message).into_response();
     assets::common_headers(r.headers_mut());
-    if status == StatusCode::UNAUTHORIZED {
-        r.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    }
     r
 }
 

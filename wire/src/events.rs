@@ -13,21 +13,21 @@ pub const KINDS: &[&str] = &[
     OFFLINE_DURING_ORDER,
 ];
 /// The orders API bound a courier to the order.
-pub const ORDER_ASSIGNED: &str = "order.assigned";
-pub const ORDER_PICKED_UP: &str = "order.picked_up";
-pub const ORDER_DELIVERED: &str = "order.delivered";
+pub(crate) const ORDER_ASSIGNED: &str = "order.assigned";
+pub(crate) const ORDER_PICKED_UP: &str = "order.picked_up";
+pub(crate) const ORDER_DELIVERED: &str = "order.delivered";
 /// The courier's accepted point came within the arrival radius of the order's pickup place.
-pub const ARRIVING_PICKUP: &str = "courier.arriving_pickup";
+pub(crate) const ARRIVING_PICKUP: &str = "courier.arriving_pickup";
 /// ... of its drop-off place.
-pub const ARRIVING_DROPOFF: &str = "courier.arriving_dropoff";
+pub(crate) const ARRIVING_DROPOFF: &str = "courier.arriving_dropoff";
 /// The courier left the live index (a Last Will or his own `offline`, or silent past
 /// `ingest.evict_after`) while carrying the order.
-pub const OFFLINE_DURING_ORDER: &str = "courier.offline_during_order";
+pub(crate) const OFFLINE_DURING_ORDER: &str = "courier.offline_during_order";
 
 /// Lua, prepended to the scripts that emit: `emit(stream, dropped, cap, kind, key, order,
 /// courier, tenant, at)`. The stream is bounded: past `cap` entries (the relay down or behind)
 /// the event is counted in `dropped` instead; cap 0 writes nothing (no notify deployed).
-pub const EMIT_LUA: &str = include_str!("emit.lua");
+pub(crate) const EMIT_LUA: &str = include_str!("emit.lua");
 
 /// A script that emits: [`EMIT_LUA`] then `body`.
 pub fn with_emit(body: &str) -> String {

@@ -37,7 +37,8 @@ pub enum HttpError {
 
 impl HttpError {
     /// Whether trying again later may succeed.
-    pub fn is_retryable(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_retryable(&self) -> bool {
         matches!(self, HttpError::Io { .. } | HttpError::Timeout { .. })
     }
 }
@@ -57,7 +58,8 @@ impl Answer {
     }
 
     /// A header's value as text, if present and printable.
-    pub fn header(&self, name: &str) -> Option<&str> {
+    #[cfg(test)]
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
 }
@@ -113,7 +115,7 @@ impl HttpClient {
     }
 
     /// Any method, headers and body; the answer whatever its status.
-    pub async fn call(
+    pub(crate) async fn call(
         &self,
         method: Method,
         url: &str,

@@ -1,5 +1,6 @@
-//! The wire format of courier-pipeline, with no I/O (features `mqtt`, `redis` and `http-client`
-//! add the client options, the Redis connection every role shares and the tools' HTTP client).
+//! The wire format of courier-pipeline, with no I/O (features `mqtt`, `redis`, `http-client` and
+//! `api` add the client options, the Redis connection every role shares, the tools' HTTP client
+//! and the error answer of the HTTP APIs).
 //!
 //! Everything clients and operators depend on by name lives here: the MQTT topics
 //! (`couriers/{id}/loc`, `couriers/{id}/status`, `track/{order}`), the point payload and its
@@ -7,6 +8,8 @@
 //! names. Every stage (ingest, history, fanout, simulator) uses this crate, so a point that one
 //! stage accepts is a point every stage accepts.
 
+#[cfg(feature = "api")]
+pub mod api_error;
 pub mod clock;
 pub mod config_error;
 pub mod duration;
@@ -28,6 +31,8 @@ pub mod seq_state;
 pub mod topic;
 pub mod track;
 
+#[cfg(feature = "api")]
+pub use api_error::ApiError;
 pub use config_error::ConfigError;
 pub use endpoint::MqttEndpoint;
 pub use keys::Keys;

@@ -139,10 +139,6 @@ impl Subscriber {
         }
     }
 
-    pub fn client(&self) -> &rumqttc::AsyncClient {
-        &self.client
-    }
-
     /// Handles one result of `EventLoop::poll`; `up` is the role's MQTT readiness flag.
     pub fn handle(
         &self,

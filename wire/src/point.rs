@@ -10,7 +10,7 @@ use serde::Deserialize;
 /// become a live location, so it is refused at the door rather than failing a whole batch.
 pub const MAX_LAT: f64 = 85.051_128_78;
 /// Largest seq the batch script compares exactly (Lua numbers are doubles).
-pub const MAX_SEQ: u64 = 1 << 53;
+pub(crate) const MAX_SEQ: u64 = 1 << 53;
 
 /// Limits applied to every point.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -68,10 +68,6 @@ impl RedisConn {
             }
         }
     }
-
-    pub fn is_cluster(&self) -> bool {
-        matches!(self, RedisConn::Cluster(_))
-    }
 }
 
 impl ConnectionLike for RedisConn {

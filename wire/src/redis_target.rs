@@ -42,7 +42,7 @@ impl RedisTarget {
         Ok(RedisTarget::Cluster(nodes))
     }
 
-    pub fn is_cluster(&self) -> bool {
+    pub(crate) fn is_cluster(&self) -> bool {
         matches!(self, RedisTarget::Cluster(_))
     }
 
@@ -99,7 +99,7 @@ fn check_url(url: &str) -> Result<(), String> {
 
 /// The part of `key` Redis Cluster hashes, by its rule: what lies between the first `{` and
 /// the first `}` after it, if that is not empty. `None`: the whole key is hashed.
-pub fn hash_tag(key: &str) -> Option<&str> {
+pub(crate) fn hash_tag(key: &str) -> Option<&str> {
     let open = key.find('{')?;
     let len = key[open + 1..].find('}')?;
     (len > 0).then(|| &key[open + 1..open + 1 + len])

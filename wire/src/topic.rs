@@ -11,7 +11,7 @@ pub enum CourierTopic<'a> {
 
 /// Longest courier or order id we accept. Ids become Redis members and topic levels; a bound
 /// keeps a hostile id from bloating either.
-pub const MAX_ID_LEN: usize = 64;
+pub(crate) const MAX_ID_LEN: usize = 64;
 
 /// Ids are short tokens: letters, digits, `-`, `_`, `.`, `:`. This keeps MQTT wildcards,
 /// separators and control characters out of topics and keys.

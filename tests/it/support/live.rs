@@ -184,6 +184,22 @@ where
     false
 }
 
+/// Hands each message `rx` receives to `f` until `f` returns true (it has what it waits for)
+/// or `timeout` passes; returns whether it got there.
+pub async fn recv_until(
+    rx: &mut mpsc::UnboundedReceiver<Publish>,
+    timeout: Duration,
+    mut f: impl FnMut(Publish) -> bool,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while let Ok(Some(p)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+        if f(p) {
+            return true;
+        }
+    }
+    false
+}
+
 /// GEOPOS of one member, rounded to what Redis GEO keeps (about 6 decimals).
 pub async fn geopos(
     r: &mut redis::aio::MultiplexedConnection,

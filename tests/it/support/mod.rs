@@ -84,11 +84,16 @@ pub fn services() -> &'static Services {
     })
 }
 
-pub fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+pub use crate::common::{free_addr, ListenReport, Listeners};
+
+/// An address that refuses connections and that nobody else can take meanwhile: a socket bound
+/// to it but not listening, held by the returned guard (a broker or server that is not there).
+pub fn refused_addr() -> (socket2::Socket, SocketAddr) {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .unwrap();
+    let addr = s.local_addr().unwrap().as_socket().unwrap();
+    (s, addr)
 }
 
 /// A key prefix no other test uses.
@@ -155,6 +160,7 @@ pub fn mosquitto_bin() -> PathBuf {
 
 /// Starts a broker on a free port: rumqttd in this process, or a Mosquitto child process.
 pub fn start_broker(kind: BrokerKind) -> TestBroker {
+    // Neither rumqttd nor Mosquitto can report a port 0 it got: the port is chosen here.
     let addr = free_addr();
     match kind {
         BrokerKind::Embedded => {

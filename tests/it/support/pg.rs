@@ -111,6 +111,7 @@ impl TempPostgres {
                 "chown postgres"
             );
         }
+        // PostgreSQL is told its port (and restarted on it by the fault tests): chosen here.
         let port = free_addr().port();
         let pg = TempPostgres {
             url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),

@@ -65,6 +65,7 @@ pub async fn start_bus_with_edge(kind: BrokerKind) -> (TestBroker, TestEdge) {
         .expect("edge TCP listener");
     let (broker, bus) = match kind {
         BrokerKind::Embedded => {
+            // rumqttd binds its own listener and cannot report a port 0: chosen here.
             let addr = free_addr();
             let queue = bound.take_queue().unwrap();
             courier_pipeline::broker::start_with_edge(embedded_config(addr), addr, queue).unwrap();
@@ -76,6 +77,7 @@ pub async fn start_bus_with_edge(kind: BrokerKind) -> (TestBroker, TestEdge) {
             (broker, None)
         }
         BrokerKind::Mosquitto => {
+            // Mosquitto cannot report a port 0 either.
             let broker = start_mosquitto(free_addr());
             let bus = broker.endpoint.clone();
             (broker, Some(bus))
