@@ -53,13 +53,6 @@ pub struct EdgeConfig {
     /// thread spares the cross-thread wake-ups of a multi-thread scheduler (7.7 against 8.2-8.6 µs
     /// per point here); run one edge process per core on the same port instead.
     pub threads: usize,
-    /// A separate single-threaded edge process sleeps this long between turns of its event
-    /// loop when a turn took less, so each turn finds many phones' points ready: one wake-up
-    /// and one `epoll_wait` per turn instead of one per few points (about a fifth less CPU per
-    /// point at 60,000 points/s, docs/edge.md), at the price of up to this much delay per point.
-    /// `0s`: off. At most 10ms. Not used inside `courier-pipeline run` or with `threads` above 1.
-    #[serde(with = "courier_wire::duration")]
-    pub gather: Duration,
 }
 
 impl Default for EdgeConfig {
@@ -80,7 +73,6 @@ impl Default for EdgeConfig {
             queue_capacity: 65_536,
             bus_connections: 2,
             threads: 1,
-            gather: Duration::from_millis(1),
         }
     }
 }
@@ -123,7 +115,6 @@ pub struct EdgeSettings {
     pub queue_capacity: usize,
     pub bus_connections: usize,
     pub threads: usize,
-    pub gather: Duration,
 }
 
 fn addrs(setting: &'static str, v: Option<&str>) -> Result<Vec<SocketAddr>, ConfigError> {
@@ -191,9 +182,6 @@ impl EdgeConfig {
         if self.connect_timeout.is_zero() {
             return Err(err("edge.connect_timeout", "must be above 0s"));
         }
-        if self.gather > Duration::from_millis(10) {
-            return Err(err("edge.gather", "must be at most 10ms"));
-        }
         Ok(EdgeSettings {
             tcp,
             tls,
@@ -211,7 +199,6 @@ impl EdgeConfig {
             queue_capacity: self.queue_capacity,
             bus_connections: self.bus_connections,
             threads: self.threads,
-            gather: self.gather,
         })
     }
 }

@@ -17,7 +17,6 @@
 pub mod codec;
 pub mod config;
 pub mod events;
-mod pace;
 pub mod policy;
 mod registry;
 mod session;
@@ -27,7 +26,6 @@ pub mod transport;
 
 pub use config::{ConfigError, EdgeConfig, EdgeSettings, TlsFiles};
 pub use events::{Stats, Via};
-pub use pace::gather_turns;
 pub use policy::Refusal;
 pub use sink::Queue;
 pub use source::{Door, DoorRefusal, DoorSettings, PendingSlot, Policy};

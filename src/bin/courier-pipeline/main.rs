@@ -103,8 +103,7 @@ fn real_main() -> anyhow::Result<()> {
 
     // A separate edge process runs on `edge.threads` (1 by default): its work is waking sessions
     // for their sockets, and one thread spares the cross-thread wake-ups (futex) of a
-    // multi-thread scheduler, and its turns are gathered (`edge.gather`, edge/src/pace.rs). More
-    // cores: more edge processes on the same port (SO_REUSEPORT).
+    // multi-thread scheduler. More cores: more edge processes on the same port (SO_REUSEPORT).
     let runtime = match (&cli.command, config.edge.threads) {
         (Command::Edge(_), 1) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -137,9 +136,6 @@ fn real_main() -> anyhow::Result<()> {
         let opts = RunOptions {
             status_every: opts.status_every,
         };
-        if matches!(role, Role::Edge) && config.edge.threads == 1 {
-            tokio::spawn(edge::gather_turns(config.edge.gather));
-        }
         let task = tokio::spawn(app::run(config, role, opts, shutdown.clone()));
         tokio::pin!(task);
         tokio::select! {
