@@ -541,7 +541,7 @@ impl FileConfig {
         self.fanout
             .validate()
             .map_err(|e| err(&e.setting, e.reason))?;
-        let edge = self.edge.validate().map_err(|e| err(e.setting, e.reason))?;
+        let edge = self.edge.validate()?;
         // One setting, read by every script that emits order events.
         self.fanout.events_stream_max = self.notify.stream_max;
         self.ingest.events_stream_max = self.notify.stream_max;

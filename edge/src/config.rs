@@ -2,6 +2,7 @@
 //! validated once at start-up into [`EdgeSettings`]; an error names the setting.
 
 use crate::policy::Rate;
+use courier_wire::ConfigError;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -77,19 +78,8 @@ impl Default for EdgeConfig {
     }
 }
 
-/// A setting that cannot work, with its name.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{setting}: {reason}")]
-pub struct ConfigError {
-    pub setting: &'static str,
-    pub reason: String,
-}
-
 fn err(setting: &'static str, reason: impl ToString) -> ConfigError {
-    ConfigError {
-        setting,
-        reason: reason.to_string(),
-    }
+    ConfigError::new(setting, reason.to_string())
 }
 
 /// TLS files of the TLS listener.

@@ -24,7 +24,8 @@ pub mod sink;
 pub mod source;
 pub mod transport;
 
-pub use config::{ConfigError, EdgeConfig, EdgeSettings, TlsFiles};
+pub use config::{EdgeConfig, EdgeSettings, TlsFiles};
+use courier_wire::ConfigError;
 pub use events::{Stats, Via};
 pub use policy::Refusal;
 pub use sink::Queue;
