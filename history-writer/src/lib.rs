@@ -160,7 +160,7 @@ pub struct HistoryWriter {
 
 impl HistoryWriter {
     /// Connects to PostgreSQL (an error if it is unreachable now), applies the migrations,
-    /// runs partition upkeep once, then runs until `shutdown`: intake stops, the buffer is
+    /// runs partition upkeep once (unless `partition_upkeep` is off), then runs until `shutdown`: intake stops, the buffer is
     /// flushed within `flush_deadline`, and it returns.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), HistoryError> {
         let mut admin = sink::connect(&self.database_url, "courier-history-upkeep").await?;
@@ -171,15 +171,17 @@ impl HistoryWriter {
         }
         let metrics = Arc::new(events::Metrics::new());
         let cfg = &self.config;
-        let out = partitions::upkeep(
-            &mut admin,
-            (self.clock)(),
-            cfg.days_ahead,
-            cfg.retention_days,
-            cfg.aggregates,
-        )
-        .await?;
-        report_upkeep(&out, &metrics, &self.stats);
+        if cfg.partition_upkeep {
+            let out = partitions::upkeep(
+                &mut admin,
+                (self.clock)(),
+                cfg.days_ahead,
+                cfg.retention_days,
+                cfg.aggregates,
+            )
+            .await?;
+            report_upkeep(&out, &metrics, &self.stats);
+        }
         expire_audit(&admin, (self.clock)(), cfg.audit_retention_days).await;
 
         let shared = Arc::new(Shared::new(cfg.buffer_rows, cfg.batch_max, self.validation));
@@ -338,7 +340,9 @@ async fn aggregate_loop(url: String, cfg: HistoryConfig, clock: Clock, stop: Can
     }
 }
 
-/// Partition upkeep every `upkeep_every` (sooner after a failure), on its own connection.
+/// Partition upkeep every `upkeep_every` (sooner after a failure), on its own connection; with
+/// `partition_upkeep` off (pg_partman or an operator keeps the partitions) only the audit rows
+/// past their retention are deleted.
 async fn upkeep_loop(
     first: tokio_postgres::Client,
     url: String,
@@ -360,21 +364,29 @@ async fn upkeep_loop(
                 client = Some(sink::connect(&url, "courier-history-upkeep").await?);
             }
             let c = client.as_mut().expect("connected above");
-            let out = partitions::upkeep(
-                c,
-                clock(),
-                cfg.days_ahead,
-                cfg.retention_days,
-                cfg.aggregates,
-            )
-            .await?;
+            let out = if cfg.partition_upkeep {
+                Some(
+                    partitions::upkeep(
+                        c,
+                        clock(),
+                        cfg.days_ahead,
+                        cfg.retention_days,
+                        cfg.aggregates,
+                    )
+                    .await?,
+                )
+            } else {
+                None
+            };
             expire_audit(c, clock(), cfg.audit_retention_days).await;
             Ok::<_, HistoryError>(out)
         }
         .await;
         match result {
             Ok(out) => {
-                report_upkeep(&out, &metrics, &stats);
+                if let Some(out) = &out {
+                    report_upkeep(out, &metrics, &stats);
+                }
                 wait = cfg.upkeep_every;
             }
             Err(e) => {

@@ -250,6 +250,61 @@ async fn upkeep_creates_ahead_and_drops_whole_days_past_retention() {
     s.drop().await;
 }
 
+/// `history.partition_upkeep = false` (pg_partman or an operator keeps the partitions): the
+/// running writer neither creates days ahead nor drops a day past retention, and a point of a
+/// day without a partition still gets one (created for its batch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_partition_upkeep_off_the_writer_creates_only_the_days_its_rows_need() {
+    let broker = start_broker(BrokerKind::Embedded);
+    let s = pg_schema().await;
+    let mut admin = migrated(&s.url).await;
+    // A day well past a 30-day retention, as an operator's tool would have left it.
+    let old = now() - 60.0 * DAY;
+    partitions::upkeep(&mut admin, old, 0, 30, false)
+        .await
+        .unwrap();
+    let before = partitions::existing(&admin).await.unwrap();
+    assert_eq!(before, [partitions::name(day_of(old))]);
+    let config = HistoryConfig {
+        partition_upkeep: false,
+        retention_days: 30,
+        upkeep_every: Duration::from_millis(300),
+        ..writer_config()
+    };
+    let w = start_writer(
+        &broker,
+        &s.url,
+        Keys::with_prefix(&prefix()),
+        config,
+        history_writer::system_clock(),
+    )
+    .await;
+    let (pubc, _h) = client(&broker.endpoint, None).await;
+    publish(
+        &pubc,
+        &loc_topic("pu1"),
+        point("pu1", 24.7, 46.6, now() - 1.0, 1),
+    )
+    .await;
+    let st = w.stats.clone();
+    assert!(
+        wait_until(Duration::from_secs(10), || st.written.load(Relaxed) == 1).await,
+        "the point was not written"
+    );
+    // A negative: several upkeep periods pass and must change nothing more.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut after = partitions::existing(&admin).await.unwrap();
+    after.sort();
+    let today = partitions::name(day_of(now()));
+    assert_eq!(
+        after,
+        [before[0].clone(), today],
+        "upkeep ran although it is off"
+    );
+    w.stop().await;
+    s.drop().await;
+}
+
 fn writer_config() -> HistoryConfig {
     HistoryConfig {
         batch_max_age: Duration::from_millis(100),
