@@ -271,21 +271,9 @@ async fn with_partition_upkeep_off_the_writer_creates_only_the_days_its_rows_nee
         upkeep_every: Duration::from_millis(300),
         ..writer_config()
     };
-    let w = start_writer(
-        &broker,
-        &s.url,
-        Keys::with_prefix(&prefix()),
-        config,
-        history_writer::system_clock(),
-    )
-    .await;
+    let w = writer_now(&broker, &s.url, config).await;
     let (pubc, _h) = client(&broker.endpoint, None).await;
-    publish(
-        &pubc,
-        &loc_topic("pu1"),
-        point("pu1", 24.7, 46.6, now() - 1.0, 1),
-    )
-    .await;
+    publish_points(&pubc, "pu1", 1..=1, 1.0).await;
     let st = w.stats.clone();
     assert!(
         wait_until(Duration::from_secs(10), || st.written.load(Relaxed) == 1).await,
@@ -310,6 +298,25 @@ fn writer_config() -> HistoryConfig {
         batch_max_age: Duration::from_millis(100),
         order_refresh: Duration::from_millis(200),
         ..Default::default()
+    }
+}
+
+/// A writer with a key prefix of its own and the system clock, the usual test setup.
+async fn writer_now(broker: &TestBroker, url: &str, config: HistoryConfig) -> RunningWriter {
+    let clock = history_writer::system_clock();
+    start_writer(broker, url, Keys::with_prefix(&prefix()), config, clock).await
+}
+
+/// A phone's points `seqs` of `courier` at one place, each sent `age` seconds old.
+async fn publish_points(
+    pubc: &rumqttc::AsyncClient,
+    courier: &str,
+    seqs: std::ops::RangeInclusive<u64>,
+    age: f64,
+) {
+    for seq in seqs {
+        let payload = point(courier, 24.7, 46.6, now() - age, seq);
+        publish(pubc, &loc_topic(courier), payload).await;
     }
 }
 
@@ -680,23 +687,9 @@ async fn shutdown_flushes_the_buffer() {
         batch_max_age: Duration::from_secs(1),
         ..writer_config()
     };
-    let w = start_writer(
-        &broker,
-        &s.url,
-        Keys::with_prefix(&prefix()),
-        config,
-        history_writer::system_clock(),
-    )
-    .await;
+    let w = writer_now(&broker, &s.url, config).await;
     let (pubc, _h) = client(&broker.endpoint, None).await;
-    for seq in 1..=50u64 {
-        publish(
-            &pubc,
-            &loc_topic("f1"),
-            point("f1", 24.7, 46.6, now() - 5.0, seq),
-        )
-        .await;
-    }
+    publish_points(&pubc, "f1", 1..=50, 5.0).await;
     let st = w.stats.clone();
     assert!(wait_until(Duration::from_secs(10), || st.received.load(Relaxed) >= 50).await);
     w.stop().await;
@@ -993,23 +986,9 @@ async fn a_row_postgres_refuses_is_dropped_alone_not_its_batch() {
         batch_max_age: Duration::from_millis(500),
         ..writer_config()
     };
-    let w = start_writer(
-        &broker,
-        &s.url,
-        Keys::with_prefix(&prefix()),
-        config,
-        history_writer::system_clock(),
-    )
-    .await;
+    let w = writer_now(&broker, &s.url, config).await;
     let (pubc, _h) = client(&broker.endpoint, None).await;
-    for seq in 1..=40u64 {
-        publish(
-            &pubc,
-            &loc_topic("r1"),
-            point("r1", 24.7, 46.6, now() - 5.0, seq),
-        )
-        .await;
-    }
+    publish_points(&pubc, "r1", 1..=40, 5.0).await;
     let st = w.stats.clone();
     assert!(
         wait_until(Duration::from_secs(15), || st.written.load(Relaxed)
@@ -1065,14 +1044,7 @@ async fn a_subscriber_hands_over_what_arrives_while_it_disconnects() {
     }
     // 20 points arrive while the role is no longer polling (it is stopping).
     let (pubc, _h) = client(&broker.endpoint, None).await;
-    for seq in 1..=20u64 {
-        publish(
-            &pubc,
-            &loc_topic("late1"),
-            point("late1", 24.7, 46.6, now(), seq),
-        )
-        .await;
-    }
+    publish_points(&pubc, "late1", 1..=20, 0.0).await;
     // Time for them to reach the client's socket: nothing polls it, so there is no state to
     // watch (polling it is what the test must not do).
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -1109,14 +1081,7 @@ async fn a_read_only_database_keeps_the_rows_until_it_takes_writes_again() {
         retry_max_backoff: Duration::from_millis(300),
         ..writer_config()
     };
-    let w = start_writer(
-        &broker,
-        &url,
-        Keys::with_prefix(&prefix()),
-        config,
-        history_writer::system_clock(),
-    )
-    .await;
+    let w = writer_now(&broker, &url, config).await;
     // The failover: the writer's sessions end, and the new ones are read-only.
     admin
         .batch_execute(&format!(
@@ -1126,14 +1091,7 @@ async fn a_read_only_database_keeps_the_rows_until_it_takes_writes_again() {
         .await
         .unwrap();
     let (pubc, _h) = client(&broker.endpoint, None).await;
-    for seq in 1..=10u64 {
-        publish(
-            &pubc,
-            &loc_topic("ro1"),
-            point("ro1", 24.7, 46.6, now() - 1.0, seq),
-        )
-        .await;
-    }
+    publish_points(&pubc, "ro1", 1..=10, 1.0).await;
     let st = w.stats.clone();
     assert!(
         wait_until(Duration::from_secs(10), || st.received.load(Relaxed) == 10
@@ -1275,14 +1233,7 @@ async fn a_writer_stops_at_once_while_its_aggregator_waits_for_the_watermark() {
         aggregate_every: Duration::from_millis(100),
         ..writer_config()
     };
-    let w = start_writer(
-        &broker,
-        &s.url,
-        Keys::with_prefix(&prefix()),
-        config,
-        history_writer::system_clock(),
-    )
-    .await;
+    let w = writer_now(&broker, &s.url, config).await;
     // Once the aggregator waits on the lock (lock_timeout is 10 s), a backend is blocked by
     // the holder's.
     let watch = pg_connect(&s.url).await;
