@@ -160,8 +160,8 @@ pub struct HistoryWriter {
 
 impl HistoryWriter {
     /// Connects to PostgreSQL (an error if it is unreachable now), applies the migrations,
-    /// runs partition upkeep once (unless `partition_upkeep` is off), then runs until `shutdown`: intake stops, the buffer is
-    /// flushed within `flush_deadline`, and it returns.
+    /// runs upkeep once ([`upkeep_once`]), then runs until `shutdown`: intake stops, the buffer
+    /// is flushed within `flush_deadline`, and it returns.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), HistoryError> {
         let mut admin = sink::connect(&self.database_url, "courier-history-upkeep").await?;
         let applied = migrate::migrate(&mut admin).await?;
@@ -171,18 +171,7 @@ impl HistoryWriter {
         }
         let metrics = Arc::new(events::Metrics::new());
         let cfg = &self.config;
-        if cfg.partition_upkeep {
-            let out = partitions::upkeep(
-                &mut admin,
-                (self.clock)(),
-                cfg.days_ahead,
-                cfg.retention_days,
-                cfg.aggregates,
-            )
-            .await?;
-            report_upkeep(&out, &metrics, &self.stats);
-        }
-        expire_audit(&admin, (self.clock)(), cfg.audit_retention_days).await;
+        upkeep_once(&mut admin, cfg, (self.clock)(), &metrics, &self.stats).await?;
 
         let shared = Arc::new(Shared::new(cfg.buffer_rows, cfg.batch_max, self.validation));
         let intake = CancellationToken::new();
@@ -340,9 +329,26 @@ async fn aggregate_loop(url: String, cfg: HistoryConfig, clock: Clock, stop: Can
     }
 }
 
-/// Partition upkeep every `upkeep_every` (sooner after a failure), on its own connection; with
-/// `partition_upkeep` off (pg_partman or an operator keeps the partitions) only the audit rows
-/// past their retention are deleted.
+/// One round of upkeep: the partitions (created ahead, dropped past retention) unless
+/// `partition_upkeep` is off (pg_partman or an operator keeps them), and the audit rows past
+/// their retention.
+async fn upkeep_once(
+    c: &mut tokio_postgres::Client,
+    cfg: &HistoryConfig,
+    now: f64,
+    metrics: &events::Metrics,
+    stats: &Stats,
+) -> Result<(), HistoryError> {
+    if cfg.partition_upkeep {
+        let out =
+            partitions::upkeep(c, now, cfg.days_ahead, cfg.retention_days, cfg.aggregates).await?;
+        report_upkeep(&out, metrics, stats);
+    }
+    expire_audit(c, now, cfg.audit_retention_days).await;
+    Ok(())
+}
+
+/// [`upkeep_once`] every `upkeep_every` (sooner after a failure), on its own connection.
 async fn upkeep_loop(
     first: tokio_postgres::Client,
     url: String,
@@ -364,31 +370,11 @@ async fn upkeep_loop(
                 client = Some(sink::connect(&url, "courier-history-upkeep").await?);
             }
             let c = client.as_mut().expect("connected above");
-            let out = if cfg.partition_upkeep {
-                Some(
-                    partitions::upkeep(
-                        c,
-                        clock(),
-                        cfg.days_ahead,
-                        cfg.retention_days,
-                        cfg.aggregates,
-                    )
-                    .await?,
-                )
-            } else {
-                None
-            };
-            expire_audit(c, clock(), cfg.audit_retention_days).await;
-            Ok::<_, HistoryError>(out)
+            upkeep_once(c, &cfg, clock(), &metrics, &stats).await
         }
         .await;
         match result {
-            Ok(out) => {
-                if let Some(out) = &out {
-                    report_upkeep(out, &metrics, &stats);
-                }
-                wait = cfg.upkeep_every;
-            }
+            Ok(()) => wait = cfg.upkeep_every,
             Err(e) => {
                 client = None;
                 tracing::warn!(error = %e, "history: partition upkeep failed; retrying soon");
