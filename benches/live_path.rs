@@ -4,13 +4,17 @@
 //! (sent minus accepted), where it was lost (ingest's queue, the broker's CursorJump alerts;
 //! the rest is the broker dropping silently), ingest CPU µs per point, Redis CPU µs per point
 //! (`INFO cpu`), of which the batch script's own time (`INFO commandstats`, EVALSHA's usec;
-//! the rest is Redis reading requests and writing replies, its event loop and the sweeps), the
+//! the rest is Redis reading requests and writing replies, its event loop and the sweeps) and
+//! of that the ZADDs' (`zadd_us`: the live index and `seen`), the
 //! mean batch size, ingest RSS, and the broker's and the simulator's CPU µs per point sent (so
 //! a row shows where the machine's cores went).
 //!
 //! Run: `./dev bench` (or `cargo bench --bench live_path` with REDIS_URL set).
 //! Env: BENCH_RATES (msg/s, comma-separated; default 10000,20000,40000,60000,80000),
-//! BENCH_SECONDS (per step; default 10), BENCH_WORKERS (ingest workers in the one ingest
+//! BENCH_SECONDS (per step; default 10), BENCH_WARMUP (seconds of the same load before each
+//! step, default 4: every courier has sent twice when the step starts, so the per-point figures
+//! are a running fleet's, not its first points' inserts; `sent`, `lost` and the `sim_us` cover
+//! the warm-up too; 0: the step alone, as before 2026-12-01 evening), BENCH_WORKERS (ingest workers in the one ingest
 //! process, each its own MQTT client in the `$share/ingest` group; default 1),
 //! BENCH_INGEST_BIN (the `courier-pipeline` binary that runs ingest, e.g. an older build to
 //! compare with; default this build; the broker and simulator are always this build),
@@ -105,6 +109,10 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
+    let warmup: u64 = std::env::var("BENCH_WARMUP")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
 
     let workers: usize = std::env::var("BENCH_WORKERS")
         .ok()
@@ -164,9 +172,9 @@ fn main() {
         Ok("raw") => "raw PUBLISH frames (benches/common/raw_load.rs)",
         _ => "simulator",
     };
-    println!("live path: embedded rumqttd (own process) -> {workers} ingest worker(s) (one process: {ingest_bin}) -> Redis; {load} as load; {seconds} s per rate");
+    println!("live path: embedded rumqttd (own process) -> {workers} ingest worker(s) (one process: {ingest_bin}) -> Redis; {load} as load; {seconds} s per rate after {warmup} s of warm-up");
     println!(
-        "{:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>7} {:>8} {:>8} {:>10} {:>10} {:>10} {:>7} {:>9} {:>9} {:>9} {:>9}",
+        "{:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>7} {:>8} {:>8} {:>10} {:>10} {:>10} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9}",
         "rate/s",
         "sent",
         "received",
@@ -179,6 +187,7 @@ fn main() {
         "cpu_us/pt",
         "redis_us/pt",
         "script_us/pt",
+        "zadd_us",
         "batch",
         "rss_MiB",
         "peak_MiB",
@@ -238,29 +247,33 @@ fn main() {
         let acc0 = metric(&before, "ingest_points_total", "result=\"accepted\"");
         let stale0 = metric(&before, "ingest_points_total", "result=\"stale\"");
         let qdrop0 = metric(&before, "ingest_queue_dropped_total", "");
-        let bsum0 = metric(&before, "ingest_batch_size_sum", "");
-        let cpu0 = common::cpu_seconds(ipid);
-        let broker_cpu0 = common::cpu_seconds(bpid);
-        let sim_cpu0 = common::reaped_children_cpu_seconds();
-        let redis0 = common::redis_cpu_seconds(&redis_url);
-        let script0 = common::redis_command_usec(&redis_url, "evalsha");
-        let calls0 = metric(&before, "ingest_batch_size_count", "");
         let arrivals0 = metric(&before, "ingest_arrivals_total", "");
-        let (sent, raw_cpu) = if raw {
-            let s = common::raw_load::RawLoad {
-                addr: format!("127.0.0.1:{mqtt}"),
-                token: raw_token.clone(),
-                couriers,
-                rate,
-                seconds,
-                connections: raw_connections,
-                id_prefix: id_prefix.clone(),
-            }
-            .run();
-            (s.points as f64, s.cpu_seconds)
-        } else {
-            (simulate(couriers, interval, seconds, mqtt, &id_prefix), 0.0)
-        };
+        let sim_cpu0 = common::reaped_children_cpu_seconds();
+        // The load runs for the warm-up and the step; the per-point figures come from the step
+        // alone (every courier has sent before it, as in a running fleet), the losses from both.
+        let ((sent, raw_cpu), w) = std::thread::scope(|s| {
+            let load = s.spawn(|| {
+                if raw {
+                    let l = common::raw_load::RawLoad {
+                        addr: format!("127.0.0.1:{mqtt}"),
+                        token: raw_token.clone(),
+                        couriers,
+                        rate,
+                        seconds: warmup + seconds,
+                        connections: raw_connections,
+                        id_prefix: id_prefix.clone(),
+                    }
+                    .run();
+                    (l.points as f64, l.cpu_seconds)
+                } else {
+                    let sent = simulate(couriers, interval, warmup + seconds, mqtt, &id_prefix);
+                    (sent, 0.0)
+                }
+            });
+            std::thread::sleep(Duration::from_secs(warmup));
+            let w = Window::start(&metrics(ingest_metrics), ipid, bpid, &redis_url);
+            (load.join().unwrap(), w)
+        });
         // Let ingest drain: received stops moving.
         let mut last = -1.0;
         let mut text = metrics(ingest_metrics);
@@ -273,11 +286,13 @@ fn main() {
             }
             last = now;
         }
-        let cpu = common::cpu_seconds(ipid) - cpu0;
-        let broker_cpu = common::cpu_seconds(bpid) - broker_cpu0;
+        let cpu = common::cpu_seconds(ipid) - w.cpu;
+        let broker_cpu = common::cpu_seconds(bpid) - w.broker_cpu;
         let sim_cpu = common::reaped_children_cpu_seconds() - sim_cpu0 + raw_cpu;
-        let redis_cpu = common::redis_cpu_seconds(&redis_url) - redis0;
-        let script_us = common::redis_command_usec(&redis_url, "evalsha") - script0;
+        let redis_cpu = common::redis_cpu_seconds(&redis_url) - w.redis_cpu;
+        let script_us = common::redis_command_usec(&redis_url, "evalsha") - w.script_us;
+        let zadd_us = common::redis_command_usec(&redis_url, "zadd") - w.zadd_us;
+        let in_step = metric(&text, "ingest_messages_received_total", "") - w.received;
         let received = metric(&text, "ingest_messages_received_total", "") - rx0;
         let accepted = metric(&text, "ingest_points_total", "result=\"accepted\"") - acc0;
         let alerts = metric(&metrics(broker_metrics), "broker_cursor_jumps_total", "") - b_before;
@@ -288,10 +303,10 @@ fn main() {
         let lost = (sent - accepted).max(0.0);
         let qdrops = metric(&text, "ingest_queue_dropped_total", "") - qdrop0;
         let arrivals = metric(&text, "ingest_arrivals_total", "") - arrivals0;
-        let batch = (metric(&text, "ingest_batch_size_sum", "") - bsum0)
-            / (metric(&text, "ingest_batch_size_count", "") - calls0).max(1.0);
+        let batch = (metric(&text, "ingest_batch_size_sum", "") - w.batch_sum)
+            / (metric(&text, "ingest_batch_size_count", "") - w.batches).max(1.0);
         println!(
-            "{:>9} {:>9.0} {:>9.0} {:>9.0} {:>6.0} {:>9.0} {:>6.2}% {:>8.0} {:>8.0} {:>10.2} {:>10.2} {:>10.2} {:>7.0} {:>9.1} {:>9.1} {:>9.2} {:>9.2}",
+            "{:>9} {:>9.0} {:>9.0} {:>9.0} {:>6.0} {:>9.0} {:>6.2}% {:>8.0} {:>8.0} {:>10.2} {:>10.2} {:>10.2} {:>8.2} {:>7.0} {:>9.1} {:>9.1} {:>9.2} {:>9.2}",
             rate,
             sent,
             received,
@@ -301,13 +316,14 @@ fn main() {
             100.0 * lost / sent.max(1.0),
             qdrops,
             alerts,
-            cpu * 1e6 / received.max(1.0),
-            redis_cpu * 1e6 / received.max(1.0),
-            script_us / received.max(1.0),
+            cpu * 1e6 / in_step.max(1.0),
+            redis_cpu * 1e6 / in_step.max(1.0),
+            script_us / in_step.max(1.0),
+            zadd_us / in_step.max(1.0),
             batch,
             common::status_kib(ipid, "VmRSS:") as f64 / 1024.0,
             common::status_kib(ipid, "VmHWM:") as f64 / 1024.0,
-            broker_cpu * 1e6 / sent.max(1.0),
+            broker_cpu * 1e6 / in_step.max(1.0),
             sim_cpu * 1e6 / sent.max(1.0),
         );
         if !label.is_empty() {
@@ -328,7 +344,7 @@ fn main() {
             println!(
                 "{:>9} ^ {label}: {arrivals:.0} arrivals detected ({:.0}/s), {} delivered as webhooks{each}",
                 "",
-                arrivals / seconds as f64,
+                arrivals / (warmup + seconds) as f64,
                 hook.count() - hook0,
             );
         }
@@ -474,6 +490,33 @@ impl Hook {
                 }
                 _ => std::thread::sleep(Duration::from_millis(200)),
             }
+        }
+    }
+}
+
+/// Where the counters stood when a step's measured part began (after its warm-up).
+struct Window {
+    received: f64,
+    batch_sum: f64,
+    batches: f64,
+    cpu: f64,
+    broker_cpu: f64,
+    redis_cpu: f64,
+    script_us: f64,
+    zadd_us: f64,
+}
+
+impl Window {
+    fn start(ingest: &str, ingest_pid: u32, broker_pid: u32, redis_url: &str) -> Self {
+        Window {
+            received: metric(ingest, "ingest_messages_received_total", ""),
+            batch_sum: metric(ingest, "ingest_batch_size_sum", ""),
+            batches: metric(ingest, "ingest_batch_size_count", ""),
+            cpu: common::cpu_seconds(ingest_pid),
+            broker_cpu: common::cpu_seconds(broker_pid),
+            redis_cpu: common::redis_cpu_seconds(redis_url),
+            script_us: common::redis_command_usec(redis_url, "evalsha"),
+            zadd_us: common::redis_command_usec(redis_url, "zadd"),
         }
     }
 }

@@ -36,9 +36,11 @@ pub struct IngestConfig {
     pub evict_after: Duration,
     /// `couriers:seen` is written for a courier only when his last accepted point falls into
     /// a new bucket of this length (0s: every point), which saves most of its ZADDs (couriers
-    /// send every 1-4 s). The score then lags the true last-seen time (kept in his seq state)
-    /// by less than this; the eviction sweep confirms against that time, so eviction stays
-    /// exact. Below `evict_after`.
+    /// send every 1-4 s; at 20 s about one point in ten writes it). The score then lags the
+    /// true last-seen time (kept in his seq state) by less than this; the eviction sweep
+    /// confirms against that time, so eviction stays exact. Below `evict_after`; with
+    /// `evict_after` minus a standing courier's heartbeat above it, a courier still sending is
+    /// never an eviction candidate.
     #[serde(with = "courier_wire::duration")]
     pub seen_every: Duration,
     /// How often the eviction sweep runs.
@@ -83,7 +85,7 @@ impl Default for IngestConfig {
             max_in_flight: 4,
             batch_linger: Duration::from_millis(2),
             evict_after: Duration::from_secs(60),
-            seen_every: Duration::from_secs(5),
+            seen_every: Duration::from_secs(20),
             sweep_every: Duration::from_secs(5),
             seq_reset_after: Duration::from_secs(30),
             seq_forget_after: Duration::from_secs(24 * 3600),
@@ -175,7 +177,7 @@ impl IngestConfig {
         if self.seen_every >= self.evict_after {
             return Err(ConfigError::new(
                 "ingest.seen_every",
-                "must be below ingest.evict_after",
+                "must be below ingest.evict_after (its default is 20s: set it too when evict_after is 20s or less)",
             ));
         }
         if self.seq_forget_after < self.evict_after {
