@@ -17,7 +17,8 @@
 //! the warm-up too; 0: the step alone, as before 2026-12-01 evening), BENCH_WORKERS (ingest workers in the one ingest
 //! process, each its own MQTT client in the `$share/ingest` group; default 1),
 //! BENCH_INGEST_BIN (the `courier-pipeline` binary that runs ingest, e.g. an older build to
-//! compare with; default this build; the broker and simulator are always this build),
+//! compare with; default this build), BENCH_SIM_BIN (the same for the simulator; the broker is
+//! always this build),
 //! BENCH_ORDERS (share of couriers carrying an order with places, e.g. 0.2; default 0: each rate
 //! then runs three times: without orders, with orders (tracks), with orders that have places
 //! (tracks and arrival detection), so the rows show what each costs per point, and how many
@@ -523,7 +524,8 @@ impl Window {
 
 /// One simulator run against the broker; returns the points it says it sent.
 fn simulate(couriers: u64, interval: f64, seconds: u64, mqtt: u16, id_prefix: &str) -> f64 {
-    let sim = Command::new(BIN)
+    let bin = std::env::var("BENCH_SIM_BIN").unwrap_or_else(|_| BIN.into());
+    let sim = Command::new(bin)
         .args([
             "simulate",
             "--couriers",
