@@ -106,19 +106,14 @@ fn main() {
         .split(',')
         .filter_map(|r| r.trim().parse().ok())
         .collect();
-    let seconds: u64 = std::env::var("BENCH_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
-    let warmup: u64 = std::env::var("BENCH_WARMUP")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(4);
-
-    let workers: usize = std::env::var("BENCH_WORKERS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
+    let seconds: u64 = common::env_or("BENCH_SECONDS", 10);
+    let warmup: u64 = common::env_or("BENCH_WARMUP", 4);
+    let workers: usize = common::env_or("BENCH_WORKERS", 1);
+    let raw = match std::env::var("BENCH_LOAD").as_deref() {
+        Ok("raw") => true,
+        Ok("sim") | Err(_) => false,
+        Ok(other) => panic!("BENCH_LOAD={other}: sim or raw"),
+    };
     let ingest_bin = std::env::var("BENCH_INGEST_BIN").unwrap_or_else(|_| BIN.to_string());
     let dir = std::env::temp_dir().join(format!("live-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -169,9 +164,10 @@ fn main() {
     let ipid = ingest.0.id();
     let bpid = broker.0.id();
 
-    let load = match std::env::var("BENCH_LOAD").as_deref() {
-        Ok("raw") => "raw PUBLISH frames (benches/common/raw_load.rs)",
-        _ => "simulator",
+    let load = if raw {
+        "raw PUBLISH frames (benches/common/raw_load.rs)"
+    } else {
+        "simulator"
     };
     println!("live path: embedded rumqttd (own process) -> {workers} ingest worker(s) (one process: {ingest_bin}) -> Redis; {load} as load; {seconds} s per rate after {warmup} s of warm-up");
     println!(
@@ -195,10 +191,7 @@ fn main() {
         "broker_us",
         "sim_us"
     );
-    let orders: f64 = std::env::var("BENCH_ORDERS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0.0);
+    let orders: f64 = common::env_or("BENCH_ORDERS", 0.0);
     // With orders, a notify process relays the events to a local receiver (answering 204), so
     // the rows show events detected and delivered while ingest takes the rate.
     let hook = Hook::start();
@@ -221,15 +214,7 @@ fn main() {
         hook.register(notify_http);
         p
     });
-    let raw = match std::env::var("BENCH_LOAD").as_deref() {
-        Ok("raw") => true,
-        Ok("sim") | Err(_) => false,
-        Ok(other) => panic!("BENCH_LOAD={other}: sim or raw"),
-    };
-    let raw_connections: usize = std::env::var("BENCH_LOAD_CONNECTIONS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(4);
+    let raw_connections: usize = common::env_or("BENCH_LOAD_CONNECTIONS", 4);
     let raw_token = bus_key.sign(&courier_auth::Claims::bus(
         "simulator",
         courier_wire::clock::unix_now() as u64,
