@@ -6,8 +6,10 @@
 //! (`INFO cpu`), of which the batch script's own time (`INFO commandstats`, EVALSHA's usec;
 //! the rest is Redis reading requests and writing replies, its event loop and the sweeps) and
 //! of that the ZADDs' (`zadd_us`: the live index and `seen`), the
-//! mean batch size, ingest RSS, and the broker's and the simulator's CPU µs per point sent (so
-//! a row shows where the machine's cores went).
+//! mean batch size, ingest RSS, the broker's and the simulator's CPU µs per point sent (so
+//! a row shows where the machine's cores went), and `mem_ns`: one dependent memory load timed
+//! just before the step (`common::memory_probe_ns`), how fast the host let this machine reach
+//! its memory then.
 //!
 //! Run: `./dev bench` (or `cargo bench --bench live_path` with REDIS_URL set).
 //! Env: BENCH_RATES (msg/s, comma-separated; default 10000,20000,40000,60000,80000),
@@ -171,7 +173,7 @@ fn main() {
     };
     println!("live path: embedded rumqttd (own process) -> {workers} ingest worker(s) (one process: {ingest_bin}) -> Redis; {load} as load; {seconds} s per rate after {warmup} s of warm-up");
     println!(
-        "{:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>7} {:>8} {:>8} {:>10} {:>10} {:>10} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9}",
+        "{:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>7} {:>8} {:>8} {:>10} {:>10} {:>10} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>7}",
         "rate/s",
         "sent",
         "received",
@@ -189,7 +191,8 @@ fn main() {
         "rss_MiB",
         "peak_MiB",
         "broker_us",
-        "sim_us"
+        "sim_us",
+        "mem_ns"
     );
     let orders: f64 = common::env_or("BENCH_ORDERS", 0.0);
     // With orders, a notify process relays the events to a local receiver (answering 204), so
@@ -221,6 +224,7 @@ fn main() {
         24 * 3600,
     ));
     let step = |rate: u64, id_prefix: String, label: &str| {
+        let mem_ns = common::memory_probe_ns();
         let hook0 = hook.count();
         let notify_cpu0 = notify_proc
             .as_ref()
@@ -292,7 +296,7 @@ fn main() {
         let batch = (metric(&text, "ingest_batch_size_sum", "") - w.batch_sum)
             / (metric(&text, "ingest_batch_size_count", "") - w.batches).max(1.0);
         println!(
-            "{:>9} {:>9.0} {:>9.0} {:>9.0} {:>6.0} {:>9.0} {:>6.2}% {:>8.0} {:>8.0} {:>10.2} {:>10.2} {:>10.2} {:>8.2} {:>7.0} {:>9.1} {:>9.1} {:>9.2} {:>9.2}",
+            "{:>9} {:>9.0} {:>9.0} {:>9.0} {:>6.0} {:>9.0} {:>6.2}% {:>8.0} {:>8.0} {:>10.2} {:>10.2} {:>10.2} {:>8.2} {:>7.0} {:>9.1} {:>9.1} {:>9.2} {:>9.2} {:>7.0}",
             rate,
             sent,
             received,
@@ -311,6 +315,7 @@ fn main() {
             common::status_kib(ipid, "VmHWM:") as f64 / 1024.0,
             broker_cpu * 1e6 / in_step.max(1.0),
             sim_cpu * 1e6 / sent.max(1.0),
+            mem_ns,
         );
         if !label.is_empty() {
             // The deliveries of this step's events, waited for a few seconds at most.

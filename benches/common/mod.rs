@@ -320,3 +320,28 @@ pub fn env_or<T: std::str::FromStr>(k: &str, d: T) -> T {
         .and_then(|v| v.parse().ok())
         .unwrap_or(d)
 }
+
+/// How long one dependent load from memory takes on this machine right now, in ns: a walk of
+/// a random cycle through 32 MiB (beyond the caches), so each step waits for the one before.
+/// Redis's sorted-set and hash lookups are such loads, and this virtual machine's host makes
+/// them slower in some hours than in others: a figure printed beside this one can be read
+/// against it (docs/benchmarks.md, "How far one hour's figures are from another's").
+pub fn memory_probe_ns() -> f64 {
+    use rand::seq::SliceRandom;
+    const SLOTS: usize = 8 << 20; // u32 each: 32 MiB
+    const STEPS: usize = 2_000_000;
+    let mut order: Vec<u32> = (0..SLOTS as u32).collect();
+    order.shuffle(&mut rand::rng());
+    let mut next = vec![0u32; SLOTS];
+    for w in order.windows(2) {
+        next[w[0] as usize] = w[1];
+    }
+    next[order[SLOTS - 1] as usize] = order[0];
+    let mut at = order[0];
+    let started = Instant::now();
+    for _ in 0..STEPS {
+        at = next[at as usize];
+    }
+    std::hint::black_box(at);
+    started.elapsed().as_nanos() as f64 / STEPS as f64
+}
