@@ -221,44 +221,42 @@ mod tests {
         assert_eq!(c.evict_after, Duration::from_secs(120));
     }
 
+    /// `c` is refused, and the error names `setting`.
+    fn refused(c: IngestConfig, setting: &str) {
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains(setting), "{e}");
+    }
+
     #[test]
     fn bad_settings_name_themselves() {
-        let c = IngestConfig {
-            batch_max: 0,
-            ..Default::default()
-        };
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("ingest.batch_max"));
-        let c = IngestConfig {
-            status_group: "ingest".into(),
-            ..Default::default()
-        };
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("ingest.status_group"));
-        let c = IngestConfig {
-            seen_every: Duration::from_secs(60),
-            ..Default::default()
-        };
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("ingest.seen_every"));
-        let c = IngestConfig {
-            batch_linger: Duration::from_millis(51),
-            ..Default::default()
-        };
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("ingest.batch_linger"));
+        refused(
+            IngestConfig {
+                batch_max: 0,
+                ..Default::default()
+            },
+            "ingest.batch_max",
+        );
+        refused(
+            IngestConfig {
+                status_group: "ingest".into(),
+                ..Default::default()
+            },
+            "ingest.status_group",
+        );
+        refused(
+            IngestConfig {
+                seen_every: Duration::from_secs(60),
+                ..Default::default()
+            },
+            "ingest.seen_every",
+        );
+        refused(
+            IngestConfig {
+                batch_linger: Duration::from_millis(51),
+                ..Default::default()
+            },
+            "ingest.batch_linger",
+        );
         let c = IngestConfig {
             seen_every: Duration::ZERO,
             ..Default::default()
@@ -275,15 +273,13 @@ mod tests {
         };
         plain.validate().unwrap();
         assert_eq!(plain.client_role(), "ingest");
-        let two = IngestConfig {
-            workers: 2,
-            ..plain
-        };
-        assert!(two
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("ingest.workers"));
+        refused(
+            IngestConfig {
+                workers: 2,
+                ..plain
+            },
+            "ingest.workers",
+        );
     }
 
     fn toml_like(line: &str) -> IngestConfig {
