@@ -366,13 +366,15 @@ fn run_uring(spec: &str) {
         );
     }
     let tick_ts = types::Timespec::new().sec(TICK.as_secs());
-    pending.push(
+    // Rearmed when the kernel ends the multishot timeout.
+    let tick_sqe = || {
         opcode::Timeout::new(&tick_ts)
             .count(0)
             .flags(types::TimeoutFlags::MULTISHOT)
             .build()
-            .user_data(ud(K_TICK, 0)),
-    );
+            .user_data(ud(K_TICK, 0))
+    };
+    pending.push(tick_sqe());
     let wait_ts = types::Timespec::new()
         .sec(wait_us / 1_000_000)
         .nsec(((wait_us % 1_000_000) * 1000) as u32);
@@ -476,13 +478,7 @@ fn run_uring(spec: &str) {
                 K_TICK => {
                     print_tick(&st);
                     if !cqueue::more(flags) {
-                        pending.push(
-                            opcode::Timeout::new(&tick_ts)
-                                .count(0)
-                                .flags(types::TimeoutFlags::MULTISHOT)
-                                .build()
-                                .user_data(ud(K_TICK, 0)),
-                        );
+                        pending.push(tick_sqe());
                     }
                 }
                 _ => {}
